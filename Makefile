@@ -1,0 +1,52 @@
+# dm-dedup: top-level build.
+#
+#   make              build dm-dedup/dm-dedup.ko against the 6.12 headers
+#   make KDIR=...     build against another kernel tree
+#   make static       W=1 and sparse (C=1) builds, checkpatch --strict
+#   make test         every test (installs what it needs)
+#   make demo         the main demo in a guest
+#   make install      install the module into /lib/modules/$(KVER)
+
+KVER ?= $(shell ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | \
+	  sort -V | tail -n 1 | sed 's,.*/linux-headers-,,')
+KDIR ?= /usr/src/linux-headers-$(KVER)
+MOD_DIR := $(CURDIR)/dm-dedup
+CHECKPATCH ?= $(firstword $(wildcard /usr/src/linux-source-6.12/scripts/checkpatch.pl) \
+		$(KDIR)/scripts/checkpatch.pl)
+
+.PHONY: all module static w1 sparse checkpatch test demo install clean
+
+all: module
+
+module:
+	@test -d "$(KDIR)" || { echo "kernel headers not found at '$(KDIR)': run scripts/install-deps.sh or set KDIR" >&2; exit 1; }
+	$(MAKE) -C $(KDIR) M=$(MOD_DIR) modules
+
+w1:
+	$(MAKE) -C $(KDIR) M=$(MOD_DIR) clean >/dev/null
+	$(MAKE) -C $(KDIR) M=$(MOD_DIR) W=1 modules 2>&1 | tee $(MOD_DIR)/.w1.log
+	@! grep -E 'warning:|error:' $(MOD_DIR)/.w1.log
+
+sparse:
+	$(MAKE) -C $(KDIR) M=$(MOD_DIR) C=2 modules 2>&1 | tee $(MOD_DIR)/.sparse.log
+	@! grep -E 'warning:|error:' $(MOD_DIR)/.sparse.log
+
+checkpatch:
+	$(CHECKPATCH) --strict --no-tree --quiet --show-types \
+		--ignore SPDX_LICENSE_TAG,FILE_PATH_CHANGES -f $(filter-out %.mod.c,$(wildcard $(MOD_DIR)/*.[ch]))
+
+static: w1 sparse checkpatch
+
+test:
+	tests/run-all.sh
+
+demo:
+	scripts/demo.sh
+
+install: module
+	$(MAKE) -C $(KDIR) M=$(MOD_DIR) INSTALL_MOD_DIR=updates modules_install
+	depmod -a $(KVER)
+
+clean:
+	$(MAKE) -C $(KDIR) M=$(MOD_DIR) clean
+	rm -f $(MOD_DIR)/.w1.log $(MOD_DIR)/.sparse.log

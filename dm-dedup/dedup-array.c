@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Persistent copy-on-write array; see dedup-array.h.
+ */
+#define DM_MSG_PREFIX "dedup"
+
+#include <linux/device-mapper.h>
+#include <linux/math64.h>
+
+#include "dedup-array.h"
+
+static u32 dd_per_leaf(u32 entry_size)
+{
+	return DD_PAYLOAD_SIZE / entry_size;
+}
+
+static u64 dd_nr_leaves(u32 entry_size, u64 nr_entries)
+{
+	return div64_u64(nr_entries + dd_per_leaf(entry_size) - 1,
+			 dd_per_leaf(entry_size));
+}
+
+void dd_array_init(struct dd_array *a, struct dd_bm *bm, u8 id,
+		   u32 entry_size, u64 nr_entries, u64 root)
+{
+	u64 leaves = dd_nr_leaves(entry_size, nr_entries), reach = 1;
+
+	a->bm = bm;
+	a->id = id;
+	a->entry_size = entry_size;
+	a->per_leaf = dd_per_leaf(entry_size);
+	a->nr_entries = nr_entries;
+	a->root = root;
+	a->height = 0;
+	while (reach < leaves) {
+		reach *= DD_INTERIOR_FANOUT;
+		a->height++;
+	}
+}
+
+/* Blocks a fully populated array occupies: sizes the metadata device. */
+u64 dd_array_max_blocks(u32 entry_size, u64 nr_entries)
+{
+	u64 level = dd_nr_leaves(entry_size, nr_entries), total = level;
+
+	while (level > 1) {
+		level = div64_u64(level + DD_INTERIOR_FANOUT - 1,
+				  DD_INTERIOR_FANOUT);
+		total += level;
+	}
+	return total;
+}
+
+static void dd_kind(const struct dd_array *a, u8 level,
+		    struct dd_block_kind *kind)
+{
+	kind->type = level ? DD_BT_INTERIOR : DD_BT_LEAF;
+	kind->array = a->id;
+	kind->level = level;
+}
+
+/* Which child of a node at @level leads to leaf @leaf_nr. */
+static u32 dd_child_slot(u64 leaf_nr, u8 level)
+{
+	u8 i;
+
+	for (i = 1; i < level; i++)
+		leaf_nr = div_u64(leaf_nr, DD_INTERIOR_FANOUT);
+	return do_div(leaf_nr, DD_INTERIOR_FANOUT);
+}
+
+static __le64 *dd_children(const struct dd_block *blk)
+{
+	return dd_payload(blk);
+}
+
+static int dd_read(struct dd_array *a, u64 nr, u8 level, bool nowait,
+		   struct dd_block *blk)
+{
+	struct dd_block_kind kind;
+
+	dd_kind(a, level, &kind);
+	if (nowait)
+		return dd_bm_read_cached(a->bm, nr, &kind, blk);
+	return dd_bm_read(a->bm, nr, &kind, blk);
+}
+
+/* Block number of leaf @leaf_nr, 0 if absent. */
+static int dd_find_leaf(struct dd_array *a, u64 leaf_nr, bool nowait, u64 *nr)
+{
+	struct dd_block blk;
+	u64 b = a->root;
+	u8 level;
+	int r;
+
+	for (level = a->height; level && b; level--) {
+		r = dd_read(a, b, level, nowait, &blk);
+		if (r)
+			return r;
+		b = le64_to_cpu(dd_children(&blk)[dd_child_slot(leaf_nr, level)]);
+		dd_bm_release(&blk);
+	}
+	*nr = b;
+	return 0;
+}
+
+/*
+ * Copy entry @index into @entry (zeroes if absent). With @nowait, never
+ * sleeps on I/O and returns -EWOULDBLOCK instead.
+ */
+int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
+{
+	struct dd_block leaf;
+	u64 leaf_nr, b;
+	u32 slot;
+	int r;
+
+	if (index >= a->nr_entries)
+		return -ERANGE;
+	leaf_nr = div_u64_rem(index, a->per_leaf, &slot);
+	r = dd_find_leaf(a, leaf_nr, nowait, &b);
+	if (r)
+		return r;
+	if (!b) {
+		memset(entry, 0, a->entry_size);
+		return 0;
+	}
+	r = dd_read(a, b, 0, nowait, &leaf);
+	if (r)
+		return r;
+	memcpy(entry, (u8 *)dd_payload(&leaf) + slot * a->entry_size,
+	       a->entry_size);
+	dd_bm_release(&leaf);
+	return 0;
+}
+
+/* Copy the entries of leaf @leaf_nr into @entries (zeroes if absent). */
+int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries)
+{
+	struct dd_block leaf;
+	u64 b;
+	int r;
+
+	r = dd_find_leaf(a, leaf_nr, false, &b);
+	if (r)
+		return r;
+	if (!b) {
+		memset(entries, 0, (size_t)a->per_leaf * a->entry_size);
+		return 0;
+	}
+	r = dd_read(a, b, 0, false, &leaf);
+	if (r)
+		return r;
+	memcpy(entries, dd_payload(&leaf), (size_t)a->per_leaf * a->entry_size);
+	dd_bm_release(&leaf);
+	return 0;
+}
+
+/* A writable copy of the block at @*nr (or a new one if absent). */
+static int dd_writable(struct dd_array *a, u64 *nr, u8 level,
+		       struct dd_block *blk)
+{
+	struct dd_block_kind kind;
+	int r;
+
+	dd_kind(a, level, &kind);
+	if (*nr)
+		r = dd_bm_shadow(a->bm, *nr, &kind, blk);
+	else
+		r = dd_bm_new(a->bm, &kind, blk);
+	if (!r)
+		*nr = blk->nr;
+	return r;
+}
+
+/*
+ * Make the path to entry @index writable in the running transaction and
+ * return the leaf, held, with @entry pointing into it. The caller changes
+ * the entry and then calls dd_bm_release_dirty(leaf).
+ */
+int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
+		    void **entry)
+{
+	struct dd_block node, child;
+	__le64 *slot_ptr;
+	u64 leaf_nr, b;
+	u32 slot;
+	u8 level;
+	int r;
+
+	if (index >= a->nr_entries)
+		return -ERANGE;
+	leaf_nr = div_u64_rem(index, a->per_leaf, &slot);
+
+	r = dd_writable(a, &a->root, a->height, &node);
+	if (r)
+		return r;
+	for (level = a->height; level; level--) {
+		slot_ptr = &dd_children(&node)[dd_child_slot(leaf_nr, level)];
+		b = le64_to_cpu(*slot_ptr);
+		r = dd_writable(a, &b, level - 1, &child);
+		if (r) {
+			dd_bm_release_dirty(&node);
+			return r;
+		}
+		*slot_ptr = cpu_to_le64(b);
+		dd_bm_release_dirty(&node);
+		node = child;
+	}
+	*leaf = node;
+	*entry = (u8 *)dd_payload(leaf) + slot * a->entry_size;
+	return 0;
+}
+
+static u64 dd_leaves_below(u8 level)
+{
+	u64 n = 1;
+
+	while (level--)
+		n *= DD_INTERIOR_FANOUT;
+	return n;
+}
+
+static int dd_next_leaf(struct dd_array *a, u64 b, u8 level, u64 base,
+			u64 *leaf_nr, u64 end_leaf)
+{
+	u64 span = dd_leaves_below(level - 1), child;
+	struct dd_block blk;
+	u32 i;
+	int r;
+
+	r = dd_read(a, b, level, false, &blk);
+	if (r)
+		return r;
+	for (i = dd_child_slot(*leaf_nr, level); i < DD_INTERIOR_FANOUT; i++) {
+		u64 first = base + i * span;
+
+		if (first >= end_leaf)
+			break;
+		child = le64_to_cpu(dd_children(&blk)[i]);
+		if (!child)
+			continue;
+		if (first > *leaf_nr)
+			*leaf_nr = first;
+		if (level == 1) {
+			dd_bm_release(&blk);
+			return 0;
+		}
+		r = dd_next_leaf(a, child, level - 1, first, leaf_nr, end_leaf);
+		if (r != -ENODATA) {
+			dd_bm_release(&blk);
+			return r;
+		}
+	}
+	dd_bm_release(&blk);
+	return -ENODATA;
+}
+
+/*
+ * Advance @leaf_nr to the first present leaf at or after it and before
+ * @end_leaf; -ENODATA if there is none. Absent subtrees are skipped whole,
+ * so discarding a huge, mostly unmapped range costs little.
+ */
+int dd_array_next_leaf(struct dd_array *a, u64 *leaf_nr, u64 end_leaf)
+{
+	if (!a->root || *leaf_nr >= end_leaf)
+		return -ENODATA;
+	if (!a->height)
+		return *leaf_nr == 0 ? 0 : -ENODATA;
+	return dd_next_leaf(a, a->root, a->height, 0, leaf_nr, end_leaf);
+}
+
+static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
+		   dd_leaf_fn fn, void *ctx)
+{
+	struct dd_block blk;
+	u64 span, child;
+	u32 i;
+	int r;
+
+	r = dd_space_mark_used(&a->bm->space, b);
+	if (r) {
+		DMERR("metadata block %llu (array %u level %u): %s", b, a->id,
+		      level, r == -EEXIST ? "referenced twice" : "out of range");
+		return -EILSEQ;
+	}
+	if (!level && !fn)
+		return 0;	/* the map's leaves are not needed at activation */
+
+	r = dd_read(a, b, level, false, &blk);
+	if (r)
+		return r;
+	if (!level) {
+		u64 first = leaf_base * a->per_leaf;
+		u32 count = min_t(u64, a->per_leaf, a->nr_entries - first);
+
+		r = fn(ctx, first, dd_payload(&blk), count);
+		dd_bm_release(&blk);
+		return r;
+	}
+	span = dd_leaves_below(level - 1);
+	for (i = 0; i < DD_INTERIOR_FANOUT && !r; i++) {
+		child = le64_to_cpu(dd_children(&blk)[i]);
+		if (!child)
+			continue;
+		if ((leaf_base + i * span) * a->per_leaf >= a->nr_entries) {
+			DMERR("metadata block %llu: child %u beyond the array end",
+			      b, i);
+			r = -EILSEQ;
+			break;
+		}
+		r = dd_walk(a, child, level - 1, leaf_base + i * span, fn, ctx);
+	}
+	dd_bm_release(&blk);
+	return r;
+}
+
+/*
+ * Visit the whole array once: every block is marked in use (a block found
+ * twice is corruption), and @fn, if given, sees every present leaf.
+ */
+int dd_array_walk(struct dd_array *a, dd_leaf_fn fn, void *ctx)
+{
+	if (!a->root)
+		return 0;
+	return dd_walk(a, a->root, a->height, 0, fn, ctx);
+}

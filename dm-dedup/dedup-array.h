@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Persistent array of fixed-size entries: a radix tree of metadata blocks
+ * with fixed fan-out and fixed height, so no rebalancing is ever needed.
+ * Absent subtrees (child pointer 0) read as zero entries.
+ */
+#ifndef DM_DEDUP_ARRAY_H
+#define DM_DEDUP_ARRAY_H
+
+#include "dedup-block.h"
+
+struct dd_array {
+	struct dd_bm *bm;
+	u64 root;		/* block number of the root, 0 = empty */
+	u64 nr_entries;
+	u32 entry_size;
+	u32 per_leaf;		/* entries in one leaf block */
+	u8 height;		/* interior levels above the leaves */
+	u8 id;			/* enum dd_array_id */
+};
+
+typedef int (*dd_leaf_fn)(void *ctx, u64 first_index, const void *entries,
+			  u32 count);
+
+void dd_array_init(struct dd_array *a, struct dd_bm *bm, u8 id,
+		   u32 entry_size, u64 nr_entries, u64 root);
+u64 dd_array_max_blocks(u32 entry_size, u64 nr_entries);
+
+int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait);
+int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
+		    void **entry);
+int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
+int dd_array_next_leaf(struct dd_array *a, u64 *leaf_nr, u64 end_leaf);
+int dd_array_walk(struct dd_array *a, dd_leaf_fn fn, void *ctx);
+
+#endif

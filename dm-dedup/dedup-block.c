@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Metadata block manager; see dedup-block.h.
+ */
+#define DM_MSG_PREFIX "dedup"
+
+#include <linux/crc32c.h>
+#include <linux/device-mapper.h>
+#include <linux/dm-bufio.h>
+#include <linux/slab.h>
+
+#include "dedup-block.h"
+
+/*
+ * A handful of buffers are held at once by the one thread that changes
+ * metadata (a path from root to leaf in two arrays).
+ */
+#define DD_RESERVED_BUFFERS	32
+
+/* Per-buffer state kept by dm-bufio next to the data. */
+struct dd_aux {
+	bool validated;	/* checksum and location checked since it was read */
+};
+
+u32 dd_block_csum(const void *data)
+{
+	return ~crc32c(~0U, (const u8 *)data + sizeof(__le32),
+		       DD_BLOCK_SIZE - sizeof(__le32));
+}
+
+bool dd_block_csum_ok(const void *data)
+{
+	const struct dd_block_header *h = data;
+
+	return le32_to_cpu(h->csum) == dd_block_csum(data);
+}
+
+static void dd_alloc_callback(struct dm_buffer *buf)
+{
+	struct dd_aux *aux = dm_bufio_get_aux_data(buf);
+
+	aux->validated = false;
+}
+
+/* Called by dm-bufio right before every write of a block. */
+static void dd_write_callback(struct dm_buffer *buf)
+{
+	struct dd_block_header *h = dm_bufio_get_block_data(buf);
+
+	h->csum = cpu_to_le32(dd_block_csum(h));
+}
+
+int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
+{
+	struct dd_bm *bm;
+	int r;
+
+	bm = kzalloc(sizeof(*bm), GFP_KERNEL);
+	if (!bm)
+		return -ENOMEM;
+	bm->bufio = dm_bufio_client_create(bdev, DD_BLOCK_SIZE,
+					   DD_RESERVED_BUFFERS,
+					   sizeof(struct dd_aux),
+					   dd_alloc_callback,
+					   dd_write_callback, 0);
+	if (IS_ERR(bm->bufio)) {
+		r = PTR_ERR(bm->bufio);
+		kfree(bm);
+		return r;
+	}
+	r = dd_space_init(&bm->space, nr_blocks, DD_FIRST_TREE_BLOCK);
+	if (r) {
+		dm_bufio_client_destroy(bm->bufio);
+		kfree(bm);
+		return r;
+	}
+	bm->nr_blocks = nr_blocks;
+	*bmp = bm;
+	return 0;
+}
+
+void dd_bm_destroy(struct dd_bm *bm)
+{
+	dm_bufio_client_destroy(bm->bufio);
+	dd_space_exit(&bm->space);
+	kfree(bm);
+}
+
+static void dd_set_block(struct dd_block *blk, struct dm_buffer *buf,
+			 void *data, u64 nr)
+{
+	blk->buf = buf;
+	blk->data = data;
+	blk->nr = nr;
+}
+
+static int dd_validate(struct dd_block *blk, const struct dd_block_kind *kind)
+{
+	struct dd_aux *aux = dm_bufio_get_aux_data(blk->buf);
+	const struct dd_block_header *h = blk->data;
+
+	if (!aux->validated) {
+		if (!dd_block_csum_ok(h)) {
+			DMERR_LIMIT("metadata block %llu: checksum mismatch",
+				    blk->nr);
+			return -EILSEQ;
+		}
+		if (le64_to_cpu(h->blocknr) != blk->nr) {
+			DMERR_LIMIT("metadata block %llu: claims to be block %llu",
+				    blk->nr, le64_to_cpu(h->blocknr));
+			return -EILSEQ;
+		}
+		aux->validated = true;
+	}
+	if (le32_to_cpu(h->type) != kind->type || h->array != kind->array ||
+	    h->level != kind->level) {
+		DMERR_LIMIT("metadata block %llu: type %08x array %u level %u, expected %08x/%u/%u",
+			    blk->nr, le32_to_cpu(h->type), h->array, h->level,
+			    kind->type, kind->array, kind->level);
+		return -EILSEQ;
+	}
+	return 0;
+}
+
+static int dd_check_nr(struct dd_bm *bm, u64 nr)
+{
+	if (nr < DD_FIRST_TREE_BLOCK || nr >= bm->nr_blocks) {
+		DMERR_LIMIT("metadata block number %llu out of range", nr);
+		return -EILSEQ;
+	}
+	return 0;
+}
+
+int dd_bm_read_raw(struct dd_bm *bm, u64 nr, struct dd_block *blk)
+{
+	struct dm_buffer *buf;
+	void *data;
+
+	data = dm_bufio_read(bm->bufio, nr, &buf);
+	if (IS_ERR(data))
+		return PTR_ERR(data);
+	dd_set_block(blk, buf, data, nr);
+	return 0;
+}
+
+int dd_bm_read(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
+	       struct dd_block *blk)
+{
+	int r;
+
+	r = dd_check_nr(bm, nr);
+	if (r)
+		return r;
+	r = dd_bm_read_raw(bm, nr, blk);
+	if (r)
+		return r;
+	r = dd_validate(blk, kind);
+	if (r)
+		dd_bm_release(blk);
+	return r;
+}
+
+/* Never sleeps on I/O: -EWOULDBLOCK if the block is not in the cache. */
+int dd_bm_read_cached(struct dd_bm *bm, u64 nr,
+		      const struct dd_block_kind *kind, struct dd_block *blk)
+{
+	struct dm_buffer *buf;
+	void *data;
+	int r;
+
+	r = dd_check_nr(bm, nr);
+	if (r)
+		return r;
+	data = dm_bufio_get(bm->bufio, nr, &buf);
+	if (IS_ERR(data))
+		return PTR_ERR(data);
+	if (!data)
+		return -EWOULDBLOCK;
+	dd_set_block(blk, buf, data, nr);
+	r = dd_validate(blk, kind);
+	if (r)
+		dd_bm_release(blk);
+	return r;
+}
+
+static void dd_init_header(struct dd_block *blk, struct dd_bm *bm,
+			   const struct dd_block_kind *kind)
+{
+	struct dd_block_header *h = blk->data;
+	struct dd_aux *aux = dm_bufio_get_aux_data(blk->buf);
+
+	h->type = cpu_to_le32(kind->type);
+	h->blocknr = cpu_to_le64(blk->nr);
+	h->txn = cpu_to_le64(bm->txn);
+	h->array = kind->array;
+	h->level = kind->level;
+	h->reserved1 = 0;
+	h->reserved2 = 0;
+	aux->validated = true;
+}
+
+static int dd_bm_get_new(struct dd_bm *bm, struct dd_block *blk)
+{
+	struct dm_buffer *buf;
+	void *data;
+	u64 nr;
+	int r;
+
+	r = dd_space_alloc(&bm->space, &nr);
+	if (r) {
+		DMERR_LIMIT("metadata device is full");
+		return r;
+	}
+	data = dm_bufio_new(bm->bufio, nr, &buf);
+	if (IS_ERR(data)) {
+		dd_space_free_now(&bm->space, nr);
+		return PTR_ERR(data);
+	}
+	dd_set_block(blk, buf, data, nr);
+	return 0;
+}
+
+/* A zeroed block of @kind, written by the running transaction. */
+int dd_bm_new(struct dd_bm *bm, const struct dd_block_kind *kind,
+	      struct dd_block *blk)
+{
+	int r;
+
+	r = dd_bm_get_new(bm, blk);
+	if (r)
+		return r;
+	memset(blk->data, 0, DD_BLOCK_SIZE);
+	dd_init_header(blk, bm, kind);
+	return 0;
+}
+
+/*
+ * A writable version of block @nr. A block already written by the running
+ * transaction is not referenced by any commit and is changed in place;
+ * otherwise it is copied to a free block and the original is released
+ * (still intact on disk until the transaction commits). blk->nr tells the
+ * caller where the writable copy lives.
+ */
+int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
+		 struct dd_block *blk)
+{
+	struct dd_block old;
+	int r;
+
+	r = dd_bm_read(bm, nr, kind, &old);
+	if (r)
+		return r;
+	if (le64_to_cpu(dd_hdr(&old)->txn) == bm->txn) {
+		*blk = old;
+		return 0;
+	}
+	r = dd_bm_get_new(bm, blk);
+	if (r) {
+		dd_bm_release(&old);
+		return r;
+	}
+	memcpy(blk->data, old.data, DD_BLOCK_SIZE);
+	dd_init_header(blk, bm, kind);
+	dd_bm_release(&old);
+	dd_space_release(&bm->space, nr);
+	return 0;
+}
+
+void dd_bm_release(struct dd_block *blk)
+{
+	dm_bufio_release(blk->buf);
+	blk->buf = NULL;
+	blk->data = NULL;
+}
+
+void dd_bm_release_dirty(struct dd_block *blk)
+{
+	dm_bufio_mark_buffer_dirty(blk->buf);
+	dd_bm_release(blk);
+}
+
+/* Every block changed by the transaction reaches stable storage. */
+int dd_bm_write_all(struct dd_bm *bm)
+{
+	int r;
+
+	r = dm_bufio_write_dirty_buffers(bm->bufio);
+	if (r)
+		return r;
+	return dm_bufio_issue_flush(bm->bufio);
+}
+
+/*
+ * The commit point. Slots alternate by generation, so a torn superblock
+ * write can only damage the older of the two.
+ */
+int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb)
+{
+	u64 slot = le64_to_cpu(sb->hdr.txn) % DD_SB_SLOTS;
+	struct dd_block blk;
+	struct dm_buffer *buf;
+	void *data;
+
+	data = dm_bufio_new(bm->bufio, slot, &buf);
+	if (IS_ERR(data))
+		return PTR_ERR(data);
+	dd_set_block(&blk, buf, data, slot);
+	memset(data, 0, DD_BLOCK_SIZE);
+	memcpy(data, sb, sizeof(*sb));
+	dd_hdr(&blk)->blocknr = cpu_to_le64(slot);
+	dd_bm_release_dirty(&blk);
+	return dd_bm_write_all(bm);
+}

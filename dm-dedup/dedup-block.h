@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Metadata block manager: checksummed, self-identifying 4 KiB blocks on the
+ * metadata device, cached by dm-bufio, shadowed (copied on write) so that a
+ * block the last commit references is never written again.
+ */
+#ifndef DM_DEDUP_BLOCK_H
+#define DM_DEDUP_BLOCK_H
+
+#include <linux/blkdev.h>
+#include <linux/types.h>
+
+#include "dedup-format.h"
+#include "dedup-space.h"
+
+struct dm_bufio_client;
+struct dm_buffer;
+
+struct dd_bm {
+	struct dm_bufio_client *bufio;
+	struct dd_space space;		/* which metadata blocks are in use */
+	u64 nr_blocks;
+	u64 txn;			/* id of the running transaction */
+};
+
+/* A metadata block held in the cache. */
+struct dd_block {
+	struct dm_buffer *buf;
+	void *data;
+	u64 nr;
+};
+
+/* What a caller expects to find in a block; any mismatch is corruption. */
+struct dd_block_kind {
+	u32 type;
+	u8 array;
+	u8 level;
+};
+
+int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp);
+void dd_bm_destroy(struct dd_bm *bm);
+
+int dd_bm_read(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
+	       struct dd_block *blk);
+int dd_bm_read_cached(struct dd_bm *bm, u64 nr,
+		      const struct dd_block_kind *kind, struct dd_block *blk);
+int dd_bm_read_raw(struct dd_bm *bm, u64 nr, struct dd_block *blk);
+int dd_bm_new(struct dd_bm *bm, const struct dd_block_kind *kind,
+	      struct dd_block *blk);
+int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
+		 struct dd_block *blk);
+void dd_bm_release(struct dd_block *blk);
+void dd_bm_release_dirty(struct dd_block *blk);
+
+int dd_bm_write_all(struct dd_bm *bm);
+int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb);
+
+u32 dd_block_csum(const void *data);
+bool dd_block_csum_ok(const void *data);
+
+static inline struct dd_block_header *dd_hdr(const struct dd_block *blk)
+{
+	return blk->data;
+}
+
+static inline void *dd_payload(const struct dd_block *blk)
+{
+	return (char *)blk->data + DD_HEADER_SIZE;
+}
+
+#endif

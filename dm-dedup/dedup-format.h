@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * On-disk format of the dm-dedup metadata device.
+ *
+ * Documentation/dedup-format.rst describes it in prose; the userspace tools
+ * are written from that document, so any change here is a format change and
+ * must bump DD_FORMAT_VERSION and the document together.
+ */
+#ifndef DM_DEDUP_FORMAT_H
+#define DM_DEDUP_FORMAT_H
+
+#include <linux/bits.h>
+#include <linux/types.h>
+
+#define DD_BLOCK_SIZE		4096
+#define DD_BLOCK_SHIFT		12
+#define DD_SECTORS_PER_BLOCK	(DD_BLOCK_SIZE >> SECTOR_SHIFT)
+
+#define DD_SB_MAGIC		0x3130505544454444ULL	/* "DDEDUP01" */
+#define DD_FORMAT_VERSION	1
+
+/* Two superblock slots; the valid one with the higher generation wins. */
+#define DD_SB_SLOTS		2
+#define DD_FIRST_TREE_BLOCK	DD_SB_SLOTS
+
+/* Block types, in every block header. */
+#define DD_BT_SUPER		0x52505553	/* "SUPR" */
+#define DD_BT_INTERIOR		0x52544e49	/* "INTR" */
+#define DD_BT_LEAF		0x4641454c	/* "LEAF" */
+
+/* The three persistent arrays; the id is stored in every tree block. */
+enum dd_array_id {
+	DD_ARRAY_MAP = 1,		/* LBA -> PBA + 1, 0 = unmapped */
+	DD_ARRAY_REFCOUNT = 2,		/* PBA -> number of LBAs mapping it */
+	DD_ARRAY_FINGERPRINT = 3,	/* PBA -> fingerprint of its content */
+};
+
+#define DD_FP_SIZE		32	/* bytes of fingerprint kept per block */
+#define DD_HASH_NAME_LEN	32
+
+/*
+ * Every metadata block starts with this header. csum is the standard
+ * CRC-32C of bytes 4..4095 of the block.
+ */
+struct dd_block_header {
+	__le32 csum;
+	__le32 type;
+	__le64 blocknr;		/* where the block lives: catches misdirected I/O */
+	__le64 txn;		/* transaction that wrote this copy */
+	__u8 array;		/* enum dd_array_id; 0 for the superblock */
+	__u8 level;		/* 0 = leaf; interior nodes count up to the root */
+	__le16 reserved1;
+	__le32 reserved2;
+} __packed;
+
+#define DD_HEADER_SIZE		32
+#define DD_PAYLOAD_SIZE		(DD_BLOCK_SIZE - DD_HEADER_SIZE)
+#define DD_INTERIOR_FANOUT	(DD_PAYLOAD_SIZE / sizeof(__le64))	/* 508 */
+
+#define DD_SB_FLAG_NEEDS_CHECK	BIT(0)
+
+struct dd_superblock {
+	struct dd_block_header hdr;	/* hdr.txn is the generation */
+	__le64 magic;
+	__le32 version;
+	__le32 block_size;
+	__le64 metadata_blocks;
+	__le64 data_blocks;
+	__le64 logical_blocks;
+	char hash_name[DD_HASH_NAME_LEN];	/* NUL padded */
+	__le32 fp_size;			/* digest bytes kept, <= DD_FP_SIZE */
+	__le32 flags;
+	__le64 map_root;		/* 0 = empty array */
+	__le64 refcount_root;
+	__le64 fingerprint_root;
+	/* space and accounting, all exact as of this commit */
+	__le64 mapped_blocks;		/* non-zero map entries == sum(refcount) */
+	__le64 used_data_blocks;	/* physical blocks with refcount > 0 */
+	__le64 unique_writes;
+	__le64 duplicate_writes;
+	__le64 zero_writes;
+	__le64 discarded_blocks;
+	__le64 format_time;		/* seconds since the epoch */
+} __packed;
+
+#endif

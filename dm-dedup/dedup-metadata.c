@@ -1,0 +1,643 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Persistent state of a dedup device; see dedup-metadata.h and
+ * Documentation/dedup-format.rst.
+ */
+#define DM_MSG_PREFIX "dedup"
+
+#include <linux/device-mapper.h>
+#include <linux/slab.h>
+#include <linux/timekeeping.h>
+
+#include "dedup-array.h"
+#include "dedup-metadata.h"
+
+struct dd_metadata {
+	struct dd_bm *bm;
+	struct dd_array map;		/* __le64: PBA + 1, 0 = unmapped */
+	struct dd_array refcount;	/* __le32 */
+	struct dd_array fingerprint;	/* u8[DD_FP_SIZE] */
+	struct dd_space data;		/* which physical blocks are taken */
+	struct dd_md_config cfg;
+	struct dd_superblock sb;	/* last committed, identity fields */
+
+	/* accounting of the running transaction */
+	u64 mapped;
+	u64 live;
+	u64 unique_writes;
+	u64 duplicate_writes;
+	u64 zero_writes;
+	u64 discarded;
+
+	bool dirty;
+	bool read_only;	/* asked for, or after a failure: no more changes */
+	void *leaf_buf;	/* one leaf's entries, for range operations */
+};
+
+u64 dd_md_required_blocks(u64 logical_blocks, u64 data_blocks)
+{
+	u64 trees = dd_array_max_blocks(sizeof(__le64), logical_blocks) +
+		    dd_array_max_blocks(sizeof(__le32), data_blocks) +
+		    dd_array_max_blocks(DD_FP_SIZE, data_blocks);
+
+	/*
+	 * The running transaction may have shadowed every block the last
+	 * commit references: twice the full trees is the worst case.
+	 */
+	return DD_SB_SLOTS + 2 * trees;
+}
+
+/* ------------------------------------------------------------------ */
+/* superblock */
+
+static bool dd_all_zero(const void *p, size_t len)
+{
+	return !memchr_inv(p, 0, len);
+}
+
+enum dd_sb_state { DD_SB_VALID, DD_SB_ZERO, DD_SB_BAD };
+
+static enum dd_sb_state dd_read_sb(struct dd_bm *bm, u64 slot,
+				   struct dd_superblock *sb)
+{
+	struct dd_block blk;
+	enum dd_sb_state st = DD_SB_BAD;
+
+	if (dd_bm_read_raw(bm, slot, &blk))
+		return DD_SB_BAD;
+	memcpy(sb, blk.data, sizeof(*sb));
+	if (dd_all_zero(blk.data, DD_BLOCK_SIZE))
+		st = DD_SB_ZERO;
+	else if (dd_block_csum_ok(blk.data) &&
+		 le32_to_cpu(sb->hdr.type) == DD_BT_SUPER &&
+		 le64_to_cpu(sb->hdr.blocknr) == slot &&
+		 le64_to_cpu(sb->magic) == DD_SB_MAGIC)
+		st = DD_SB_VALID;
+	dd_bm_release(&blk);
+	return st;
+}
+
+static void dd_fill_sb(struct dd_metadata *md, struct dd_superblock *sb)
+{
+	*sb = md->sb;
+	sb->hdr.type = cpu_to_le32(DD_BT_SUPER);
+	sb->hdr.txn = cpu_to_le64(md->bm->txn);
+	sb->hdr.array = 0;
+	sb->hdr.level = 0;
+	sb->metadata_blocks = cpu_to_le64(md->bm->nr_blocks);
+	sb->map_root = cpu_to_le64(md->map.root);
+	sb->refcount_root = cpu_to_le64(md->refcount.root);
+	sb->fingerprint_root = cpu_to_le64(md->fingerprint.root);
+	sb->mapped_blocks = cpu_to_le64(md->mapped);
+	sb->used_data_blocks = cpu_to_le64(md->live);
+	sb->unique_writes = cpu_to_le64(md->unique_writes);
+	sb->duplicate_writes = cpu_to_le64(md->duplicate_writes);
+	sb->zero_writes = cpu_to_le64(md->zero_writes);
+	sb->discarded_blocks = cpu_to_le64(md->discarded);
+}
+
+static int dd_format(struct dd_metadata *md)
+{
+	struct dd_superblock *sb = &md->sb;
+	const struct dd_md_config *cfg = &md->cfg;
+
+	memset(sb, 0, sizeof(*sb));
+	sb->magic = cpu_to_le64(DD_SB_MAGIC);
+	sb->version = cpu_to_le32(DD_FORMAT_VERSION);
+	sb->block_size = cpu_to_le32(DD_BLOCK_SIZE);
+	sb->data_blocks = cpu_to_le64(cfg->data_blocks);
+	sb->logical_blocks = cpu_to_le64(cfg->logical_blocks);
+	strscpy(sb->hash_name, cfg->hash_name, sizeof(sb->hash_name));
+	sb->fp_size = cpu_to_le32(cfg->fp_size);
+	sb->format_time = cpu_to_le64(ktime_get_real_seconds());
+	md->bm->txn = 1;
+	md->dirty = true;
+	return dd_md_commit(md);
+}
+
+/* The table and the metadata must describe the same device. */
+static int dd_check_sb(struct dd_metadata *md, char **error)
+{
+	const struct dd_superblock *sb = &md->sb;
+	const struct dd_md_config *cfg = &md->cfg;
+
+	if (le32_to_cpu(sb->version) != DD_FORMAT_VERSION) {
+		*error = "metadata format version not supported";
+		return -EINVAL;
+	}
+	if (le32_to_cpu(sb->block_size) != DD_BLOCK_SIZE ||
+	    le32_to_cpu(sb->fp_size) > DD_FP_SIZE) {
+		*error = "metadata superblock is damaged (block or fingerprint size)";
+		return -EINVAL;
+	}
+	if (le64_to_cpu(sb->metadata_blocks) > md->bm->nr_blocks) {
+		*error = "metadata device is smaller than when it was formatted";
+		return -EINVAL;
+	}
+	if (le64_to_cpu(sb->logical_blocks) != cfg->logical_blocks) {
+		*error = "logical size differs from the metadata (field logical_blocks)";
+		return -EINVAL;
+	}
+	if (le64_to_cpu(sb->data_blocks) != cfg->data_blocks) {
+		*error = "data device size differs from the metadata (field data_blocks)";
+		return -EINVAL;
+	}
+	if (strncmp(sb->hash_name, cfg->hash_name, sizeof(sb->hash_name)) ||
+	    le32_to_cpu(sb->fp_size) != cfg->fp_size) {
+		*error = "hash algorithm differs from the metadata (field hash)";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* activation: rebuild what lives only in memory */
+
+struct dd_scan {
+	struct dd_metadata *md;
+	u64 refs;
+	u64 live;
+	u64 fingerprinted;
+};
+
+static int dd_scan_refcounts(void *ctx, u64 first, const void *entries,
+			     u32 count)
+{
+	const __le32 *rc = entries;
+	struct dd_scan *scan = ctx;
+	u32 i;
+
+	for (i = 0; i < count; i++) {
+		if (!rc[i])
+			continue;
+		if (dd_space_mark_used(&scan->md->data, first + i))
+			return -EILSEQ;
+		scan->refs += le32_to_cpu(rc[i]);
+		scan->live++;
+	}
+	return 0;
+}
+
+static int dd_scan_fingerprints(void *ctx, u64 first, const void *entries,
+				u32 count)
+{
+	struct dd_scan *scan = ctx;
+	struct dd_metadata *md = scan->md;
+	const u8 *fp = entries;
+	u32 i;
+	int r;
+
+	for (i = 0; i < count; i++, fp += DD_FP_SIZE) {
+		if (!dd_space_is_used(&md->data, first + i) ||
+		    dd_all_zero(fp, DD_FP_SIZE))
+			continue;
+		scan->fingerprinted++;
+		if (md->cfg.visit) {
+			r = md->cfg.visit(md->cfg.ctx, first + i, fp);
+			if (r)
+				return r;
+		}
+	}
+	return 0;
+}
+
+static int dd_activate(struct dd_metadata *md, char **error)
+{
+	const struct dd_superblock *sb = &md->sb;
+	struct dd_scan scan = { .md = md };
+	int r;
+
+	md->bm->txn = le64_to_cpu(sb->hdr.txn) + 1;
+	dd_array_init(&md->map, md->bm, DD_ARRAY_MAP, sizeof(__le64),
+		      md->cfg.logical_blocks, le64_to_cpu(sb->map_root));
+	dd_array_init(&md->refcount, md->bm, DD_ARRAY_REFCOUNT, sizeof(__le32),
+		      md->cfg.data_blocks, le64_to_cpu(sb->refcount_root));
+	dd_array_init(&md->fingerprint, md->bm, DD_ARRAY_FINGERPRINT,
+		      DD_FP_SIZE, md->cfg.data_blocks,
+		      le64_to_cpu(sb->fingerprint_root));
+
+	r = dd_array_walk(&md->map, NULL, NULL);
+	if (!r)
+		r = dd_array_walk(&md->refcount, dd_scan_refcounts, &scan);
+	if (!r)
+		r = dd_array_walk(&md->fingerprint, dd_scan_fingerprints, &scan);
+	if (r == -ENOMEM) {
+		*error = "out of memory while rebuilding the index";
+		return r;
+	}
+	if (r) {
+		*error = "metadata is damaged (see the lines above); run dedup check";
+		return r;
+	}
+	md->mapped = le64_to_cpu(sb->mapped_blocks);
+	md->live = le64_to_cpu(sb->used_data_blocks);
+	md->unique_writes = le64_to_cpu(sb->unique_writes);
+	md->duplicate_writes = le64_to_cpu(sb->duplicate_writes);
+	md->zero_writes = le64_to_cpu(sb->zero_writes);
+	md->discarded = le64_to_cpu(sb->discarded_blocks);
+	if (scan.refs != md->mapped || scan.live != md->live ||
+	    scan.fingerprinted != scan.live) {
+		DMERR("metadata inconsistent: refcounts sum to %llu, mapped %llu",
+		      scan.refs, md->mapped);
+		DMERR("metadata inconsistent: %llu live blocks, expected %llu, %llu fingerprinted",
+		      scan.live, md->live, scan.fingerprinted);
+		*error = "metadata is inconsistent; run dedup check";
+		return -EILSEQ;
+	}
+	return 0;
+}
+
+int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
+	       struct dd_metadata **mdp, char **error)
+{
+	u64 nr_blocks = bdev_nr_bytes(bdev) >> DD_BLOCK_SHIFT;
+	u64 need = dd_md_required_blocks(cfg->logical_blocks, cfg->data_blocks);
+	struct dd_superblock sbs[DD_SB_SLOTS];
+	enum dd_sb_state st[DD_SB_SLOTS];
+	struct dd_metadata *md;
+	int r, best = -1, i;
+
+	if (nr_blocks < need) {
+		DMERR("metadata device too small: %llu MiB, needs %llu MiB (%llu blocks)",
+		      nr_blocks >> 8, (need + 255) >> 8, need);
+		*error = "metadata device too small";
+		return -EINVAL;
+	}
+	md = kzalloc(sizeof(*md), GFP_KERNEL);
+	if (!md)
+		return -ENOMEM;
+	md->cfg = *cfg;
+	md->read_only = cfg->read_only;
+	md->leaf_buf = kmalloc(DD_PAYLOAD_SIZE, GFP_KERNEL);
+	r = md->leaf_buf ? 0 : -ENOMEM;
+	if (!r)
+		r = dd_space_init(&md->data, cfg->data_blocks, 0);
+	if (!r)
+		r = dd_bm_create(bdev, nr_blocks, &md->bm);
+	if (r) {
+		*error = "cannot allocate metadata structures";
+		goto bad;
+	}
+
+	for (i = 0; i < DD_SB_SLOTS; i++) {
+		st[i] = dd_read_sb(md->bm, i, &sbs[i]);
+		if (st[i] == DD_SB_VALID &&
+		    (best < 0 || le64_to_cpu(sbs[i].hdr.txn) >
+				 le64_to_cpu(sbs[best].hdr.txn)))
+			best = i;
+	}
+	if (best < 0) {
+		if (st[0] != DD_SB_ZERO || st[1] != DD_SB_ZERO) {
+			*error = "no valid superblock, not zeroed: refusing to format";
+			r = -EINVAL;
+			goto bad;
+		}
+		if (md->read_only) {
+			*error = "metadata device is empty and read_only was given";
+			r = -EINVAL;
+			goto bad;
+		}
+		dd_array_init(&md->map, md->bm, DD_ARRAY_MAP, sizeof(__le64),
+			      cfg->logical_blocks, 0);
+		dd_array_init(&md->refcount, md->bm, DD_ARRAY_REFCOUNT,
+			      sizeof(__le32), cfg->data_blocks, 0);
+		dd_array_init(&md->fingerprint, md->bm, DD_ARRAY_FINGERPRINT,
+			      DD_FP_SIZE, cfg->data_blocks, 0);
+		r = dd_format(md);
+		if (r) {
+			*error = "cannot write the new superblock";
+			goto bad;
+		}
+		DMINFO("formatted metadata: %llu logical, %llu data, %llu metadata blocks",
+		       cfg->logical_blocks, cfg->data_blocks, nr_blocks);
+	} else {
+		md->sb = sbs[best];
+		r = dd_check_sb(md, error);
+		if (!r)
+			r = dd_activate(md, error);
+		if (r)
+			goto bad;
+	}
+	*mdp = md;
+	return 0;
+bad:
+	dd_md_close(md);
+	return r;
+}
+
+void dd_md_close(struct dd_metadata *md)
+{
+	if (md->bm)
+		dd_bm_destroy(md->bm);
+	dd_space_exit(&md->data);
+	kfree(md->leaf_buf);
+	kfree(md);
+}
+
+/* ------------------------------------------------------------------ */
+/* lookups */
+
+int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
+{
+	__le64 v;
+	u64 x;
+	int r;
+
+	r = dd_array_lookup(&md->map, lba, &v, nowait);
+	if (r)
+		return r;
+	x = le64_to_cpu(v);
+	if (!x)
+		return -ENODATA;
+	if (x > md->cfg.data_blocks) {
+		DMERR_LIMIT("logical block %llu maps to physical block %llu beyond the data device",
+			    lba, x - 1);
+		return -EILSEQ;
+	}
+	*pba = x - 1;
+	return 0;
+}
+
+int dd_md_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp)
+{
+	return dd_array_lookup(&md->fingerprint, pba, fp, false);
+}
+
+int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count)
+{
+	__le32 v;
+	int r;
+
+	r = dd_array_lookup(&md->refcount, pba, &v, false);
+	if (!r)
+		*count = le32_to_cpu(v);
+	return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* changes */
+
+static int dd_writable_check(struct dd_metadata *md)
+{
+	if (md->read_only)
+		return -EROFS;
+	md->dirty = true;
+	return 0;
+}
+
+int dd_md_alloc_data(struct dd_metadata *md, u64 *pba)
+{
+	if (md->read_only)
+		return -EROFS;
+	return dd_space_alloc(&md->data, pba);
+}
+
+void dd_md_free_data_now(struct dd_metadata *md, u64 pba)
+{
+	dd_space_free_now(&md->data, pba);
+}
+
+int dd_md_get_ref(struct dd_metadata *md, u64 pba)
+{
+	struct dd_block leaf;
+	__le32 *e;
+	u32 rc;
+	int r;
+
+	r = dd_writable_check(md);
+	if (!r)
+		r = dd_array_update(&md->refcount, pba, &leaf, (void **)&e);
+	if (r)
+		return r;
+	rc = le32_to_cpu(*e);
+	if (rc && rc < DD_REFCOUNT_MAX)
+		*e = cpu_to_le32(rc + 1);
+	dd_bm_release_dirty(&leaf);
+	if (!rc) {
+		DMERR_LIMIT("physical block %llu: reference taken on a free block",
+			    pba);
+		return -EILSEQ;
+	}
+	return rc < DD_REFCOUNT_MAX ? 0 : -EOVERFLOW;
+}
+
+int dd_md_put_ref(struct dd_metadata *md, u64 pba)
+{
+	u8 fp[DD_FP_SIZE];
+	struct dd_block leaf;
+	__le32 *e;
+	u32 rc;
+	int r;
+
+	r = dd_writable_check(md);
+	if (!r)
+		r = dd_array_update(&md->refcount, pba, &leaf, (void **)&e);
+	if (r)
+		return r;
+	rc = le32_to_cpu(*e);
+	if (rc)
+		*e = cpu_to_le32(rc - 1);
+	dd_bm_release_dirty(&leaf);
+	if (!rc) {
+		DMERR_LIMIT("physical block %llu: refcount underflow", pba);
+		return -EILSEQ;
+	}
+	if (rc > 1)
+		return 0;
+
+	md->live--;
+	r = dd_md_get_fingerprint(md, pba, fp);
+	if (r)
+		return r;
+	if (md->cfg.on_free)
+		md->cfg.on_free(md->cfg.ctx, pba, fp);
+	dd_space_release(&md->data, pba);
+	return 0;
+}
+
+/* Point @lba at @value (PBA + 1, or 0), dropping what it pointed at. */
+static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value)
+{
+	struct dd_block leaf;
+	__le64 *e;
+	u64 old;
+	int r;
+
+	r = dd_array_update(&md->map, lba, &leaf, (void **)&e);
+	if (r)
+		return r;
+	old = le64_to_cpu(*e);
+	*e = cpu_to_le64(value);
+	dd_bm_release_dirty(&leaf);
+	if (!old)
+		md->mapped += !!value;
+	else if (!value)
+		md->mapped--;
+	if (old)
+		return dd_md_put_ref(md, old - 1);
+	return 0;
+}
+
+/* @pba, just written with new content, becomes @lba's block. */
+int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp)
+{
+	struct dd_block leaf;
+	void *e;
+	u32 rc;
+	int r;
+
+	r = dd_writable_check(md);
+	if (!r)
+		r = dd_array_update(&md->refcount, pba, &leaf, &e);
+	if (r)
+		return r;
+	rc = le32_to_cpu(*(__le32 *)e);
+	if (!rc)
+		*(__le32 *)e = cpu_to_le32(1);
+	dd_bm_release_dirty(&leaf);
+	if (rc) {
+		DMERR_LIMIT("physical block %llu: allocated while in use", pba);
+		return -EILSEQ;
+	}
+	md->live++;
+
+	r = dd_array_update(&md->fingerprint, pba, &leaf, &e);
+	if (r)
+		return r;
+	memset(e, 0, DD_FP_SIZE);
+	memcpy(e, fp, md->cfg.fp_size);
+	dd_bm_release_dirty(&leaf);
+
+	md->unique_writes++;
+	return dd_set_map(md, lba, pba + 1);
+}
+
+/* @lba shares @pba, whose reference the caller already took. */
+int dd_md_map_claimed(struct dd_metadata *md, u64 lba, u64 pba)
+{
+	int r = dd_writable_check(md);
+
+	if (r)
+		return r;
+	md->duplicate_writes++;
+	return dd_set_map(md, lba, pba + 1);
+}
+
+/* An all-zero block: nothing is stored, the block reads back as zeros. */
+int dd_md_map_zero(struct dd_metadata *md, u64 lba)
+{
+	__le64 v;
+	int r;
+
+	r = dd_writable_check(md);
+	if (!r)
+		r = dd_array_lookup(&md->map, lba, &v, false);
+	if (r)
+		return r;
+	md->zero_writes++;
+	return v ? dd_set_map(md, lba, 0) : 0;
+}
+
+/* Discard / write zeroes: unmap [begin, end). */
+int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
+		      u64 *unmapped)
+{
+	u32 per_leaf = md->map.per_leaf;
+	u64 leaf_nr = div_u64(begin, per_leaf);
+	u64 end_leaf = div_u64(end + per_leaf - 1, per_leaf);
+	const __le64 *entries = md->leaf_buf;
+	u64 lo, hi, i;
+	int r;
+
+	*unmapped = 0;
+	r = dd_writable_check(md);
+	if (r)
+		return r;
+	if (end > md->cfg.logical_blocks || begin > end)
+		return -ERANGE;
+	for (; (r = dd_array_next_leaf(&md->map, &leaf_nr, end_leaf)) == 0;
+	     leaf_nr++) {
+		r = dd_array_read_leaf(&md->map, leaf_nr, md->leaf_buf);
+		if (r)
+			return r;
+		lo = max(begin, leaf_nr * per_leaf);
+		hi = min(end, (leaf_nr + 1) * per_leaf);
+		for (i = lo; i < hi; i++) {
+			if (!entries[i - leaf_nr * per_leaf])
+				continue;
+			r = dd_set_map(md, i, 0);
+			if (r)
+				return r;
+			(*unmapped)++;
+			md->discarded++;
+		}
+		cond_resched();
+	}
+	return r == -ENODATA ? 0 : r;
+}
+
+/* ------------------------------------------------------------------ */
+/* commit */
+
+bool dd_md_dirty(struct dd_metadata *md)
+{
+	return md->dirty;
+}
+
+/*
+ * Make the running transaction the committed state: every changed block
+ * goes to disk and is flushed, then the superblock names the new roots.
+ * The caller flushed the data device first, so the data the new state
+ * points at is stable before the state itself.
+ */
+int dd_md_commit(struct dd_metadata *md)
+{
+	struct dd_superblock sb;
+	int r;
+
+	if (md->read_only)
+		return -EROFS;
+	if (!md->dirty)
+		return 0;
+	r = dd_bm_write_all(md->bm);
+	if (!r) {
+		dd_fill_sb(md, &sb);
+		r = dd_bm_write_super(md->bm, &sb);
+	}
+	if (r) {
+		md->read_only = true;
+		return r;
+	}
+	md->sb = sb;
+	md->bm->txn++;
+	md->dirty = false;
+	dd_space_commit(&md->bm->space, NULL, NULL);
+	dd_space_commit(&md->data, md->cfg.on_reusable, md->cfg.ctx);
+	return 0;
+}
+
+void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
+{
+	st->transaction_id = le64_to_cpu(md->sb.hdr.txn);
+	st->metadata_used = md->bm->space.nr_used;
+	st->metadata_total = md->bm->nr_blocks;
+	st->data_used = md->data.nr_used;
+	st->data_total = md->data.nr_blocks;
+	st->data_live = md->live;
+	st->pending_free = md->data.nr_pending;
+	st->mapped = md->mapped;
+	st->unique_writes = md->unique_writes;
+	st->duplicate_writes = md->duplicate_writes;
+	st->zero_writes = md->zero_writes;
+	st->discarded = md->discarded;
+}
+
+u64 dd_md_free_data_blocks(struct dd_metadata *md)
+{
+	return dd_space_free_blocks(&md->data);
+}
+
+u64 dd_md_pending_data_frees(struct dd_metadata *md)
+{
+	return md->data.nr_pending;
+}

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Allocator with transaction-deferred frees; see dedup-space.h.
+ */
+#include <linux/bitmap.h>
+#include <linux/bitops.h>
+#include <linux/errno.h>
+#include <linux/slab.h>
+
+#include "dedup-space.h"
+
+static unsigned long *bitmap_kvzalloc(u64 nr_bits)
+{
+	return kvcalloc(BITS_TO_LONGS(nr_bits), sizeof(unsigned long),
+			GFP_KERNEL);
+}
+
+int dd_space_init(struct dd_space *s, u64 nr_blocks, u64 first)
+{
+	memset(s, 0, sizeof(*s));
+	if (first > nr_blocks)
+		return -EINVAL;
+	s->used = bitmap_kvzalloc(nr_blocks);
+	s->pending = bitmap_kvzalloc(nr_blocks);
+	if (!s->used || !s->pending) {
+		dd_space_exit(s);
+		return -ENOMEM;
+	}
+	s->nr_blocks = nr_blocks;
+	s->first = first;
+	s->cursor = first;
+	/* The reserved head counts as used so that free space is honest. */
+	bitmap_set(s->used, 0, first);
+	s->nr_used = first;
+	return 0;
+}
+
+void dd_space_exit(struct dd_space *s)
+{
+	kvfree(s->used);
+	kvfree(s->pending);
+	s->used = NULL;
+	s->pending = NULL;
+}
+
+int dd_space_alloc(struct dd_space *s, u64 *block)
+{
+	unsigned long b;
+
+	if (!dd_space_free_blocks(s))
+		return -ENOSPC;
+	b = find_next_zero_bit(s->used, s->nr_blocks, s->cursor);
+	if (b >= s->nr_blocks)
+		b = find_next_zero_bit(s->used, s->nr_blocks, s->first);
+	if (b >= s->nr_blocks)
+		return -ENOSPC;	/* counters disagree with the bitmap */
+	__set_bit(b, s->used);
+	s->nr_used++;
+	s->cursor = b + 1 < s->nr_blocks ? b + 1 : s->first;
+	*block = b;
+	return 0;
+}
+
+/* Activation: rebuild the allocation state from what the trees reference. */
+int dd_space_mark_used(struct dd_space *s, u64 block)
+{
+	if (block < s->first || block >= s->nr_blocks)
+		return -ERANGE;
+	if (__test_and_set_bit(block, s->used))
+		return -EEXIST;
+	s->nr_used++;
+	return 0;
+}
+
+void dd_space_release(struct dd_space *s, u64 block)
+{
+	if (WARN_ON_ONCE(!dd_space_is_used(s, block) || block < s->first))
+		return;
+	if (!__test_and_set_bit(block, s->pending))
+		s->nr_pending++;
+}
+
+/*
+ * For a block that no committed state and no reader can have seen, e.g.
+ * the target of a unique write that failed.
+ */
+void dd_space_free_now(struct dd_space *s, u64 block)
+{
+	if (WARN_ON_ONCE(!dd_space_is_used(s, block) || block < s->first))
+		return;
+	if (test_bit(block, s->pending))
+		return;	/* already on its way out at the next commit */
+	__clear_bit(block, s->used);
+	s->nr_used--;
+}
+
+/*
+ * The transaction is on disk: pending frees become free. @freed, if given,
+ * receives each run [begin, end) of blocks that just became free.
+ */
+void dd_space_commit(struct dd_space *s,
+		     void (*freed)(void *ctx, u64 begin, u64 end), void *ctx)
+{
+	unsigned long b, e;
+
+	if (!s->nr_pending)
+		return;
+	for (b = find_first_bit(s->pending, s->nr_blocks); b < s->nr_blocks;
+	     b = find_next_bit(s->pending, s->nr_blocks, e)) {
+		e = find_next_zero_bit(s->pending, s->nr_blocks, b);
+		bitmap_clear(s->used, b, e - b);
+		bitmap_clear(s->pending, b, e - b);
+		if (freed)
+			freed(ctx, b, e);
+	}
+	s->nr_used -= s->nr_pending;
+	s->nr_pending = 0;
+}
+

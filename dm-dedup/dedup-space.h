@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * In-memory allocator for a range of blocks (physical data blocks or
+ * metadata blocks).
+ *
+ * A block given up during a transaction may still be referenced by the
+ * last committed state, so it stays allocated ("pending free") until the
+ * transaction commits. That is what makes a crash land on either the old
+ * or the new content of a block, never on somebody else's.
+ */
+#ifndef DM_DEDUP_SPACE_H
+#define DM_DEDUP_SPACE_H
+
+#include <linux/types.h>
+
+struct dd_space {
+	unsigned long *used;	/* allocated, or pending free */
+	unsigned long *pending;	/* released in the running transaction */
+	u64 nr_blocks;
+	u64 nr_used;		/* includes pending */
+	u64 nr_pending;
+	u64 cursor;		/* next-fit start, keeps writes sequential */
+	u64 first;		/* blocks below this are never handed out */
+};
+
+int dd_space_init(struct dd_space *s, u64 nr_blocks, u64 first);
+void dd_space_exit(struct dd_space *s);
+
+int dd_space_alloc(struct dd_space *s, u64 *block);
+int dd_space_mark_used(struct dd_space *s, u64 block);
+void dd_space_release(struct dd_space *s, u64 block);
+void dd_space_free_now(struct dd_space *s, u64 block);
+void dd_space_commit(struct dd_space *s,
+		     void (*freed)(void *ctx, u64 begin, u64 end), void *ctx);
+
+static inline u64 dd_space_free_blocks(const struct dd_space *s)
+{
+	return s->nr_blocks - s->nr_used;
+}
+
+static inline bool dd_space_is_used(const struct dd_space *s, u64 block)
+{
+	return block < s->nr_blocks && test_bit(block, s->used);
+}
+
+#endif
