@@ -540,11 +540,12 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
 		r = dd_same_content(dc, dd_bio(io), pba);
 		down_write(&dc->lock);
 		if (r != 1) {
+			/* Different, or unreadable: store a copy of its own. */
 			if (!r)
 				atomic64_inc(&dc->verify_mismatches);
-			if (READ_ONCE(dc->mode) == DD_MODE_RW)
-				dd_md_put_ref(dc->md, pba);
-			return r;
+			if (READ_ONCE(dc->mode) != DD_MODE_RW)
+				return -EIO;
+			return dd_md_put_ref(dc->md, pba);
 		}
 		if (READ_ONCE(dc->mode) != DD_MODE_RW)
 			return -EIO;
@@ -556,22 +557,21 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
 static void dd_write_decide(struct dedup_c *dc, struct dd_io *io)
 {
 	struct dd_io *leader;
-	u64 free = 0;
 	int r;
 
 	down_write(&dc->lock);
 	if (READ_ONCE(dc->mode) != DD_MODE_RW) {
 		r = -EIO;
-		goto done;
+		goto out;
 	}
 	if (io->flags & DD_IO_ZERO) {
 		r = dd_md_map_zero(dc->md, io->lba);
-		goto done;
+		goto metadata_done;
 	}
 	r = dd_try_dedup(dc, io);
 	if (r) {
 		r = r > 0 ? 0 : r;
-		goto done;
+		goto metadata_done;
 	}
 	/*
 	 * Same content already on its way to disk: wait for it rather than
@@ -596,18 +596,20 @@ static void dd_write_decide(struct dedup_c *dc, struct dd_io *io)
 	if (r) {
 		if (r == -ENOSPC)
 			atomic64_inc(&dc->nospc_errors);
-		goto done;
+		goto out;
 	}
 	INIT_LIST_HEAD(&io->waiters);
 	hash_add(dc->inflight, &io->inflight_node, dd_inflight_key(io->fp));
-	free = dd_md_free_data_blocks(dc->md);
-	dd_low_water_check(dc, free);
+	dd_low_water_check(dc, dd_md_free_data_blocks(dc->md));
 	up_write(&dc->lock);
 	dd_submit_unique(dc, io);
 	return;
-done:
-	if (r && r != -ENOSPC && r != -EROFS && r != -EIO && r != -ENOMEM)
+
+metadata_done:
+	/* A failed change may be half done: nothing more may be committed. */
+	if (r && r != -EROFS)
 		dd_metadata_error(dc, "write", r);
+out:
 	up_write(&dc->lock);
 	dd_finish_write(dc, io, r);
 }
