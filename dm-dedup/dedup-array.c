@@ -270,6 +270,33 @@ int dd_array_next_leaf(struct dd_array *a, u64 *leaf_nr, u64 end_leaf)
 	return dd_next_leaf(a, a->root, a->height, 0, leaf_nr, end_leaf);
 }
 
+/*
+ * Activation reads whole arrays: ask for a node's children up front, in
+ * runs of consecutive block numbers, instead of one synchronous read each.
+ */
+static void dd_prefetch_children(struct dd_array *a, const struct dd_block *blk)
+{
+	const __le64 *children = dd_children(blk);
+	u64 run_start = 0, run_len = 0, c;
+	u32 i;
+
+	for (i = 0; i < DD_INTERIOR_FANOUT; i++) {
+		c = le64_to_cpu(children[i]);
+		if (!c)
+			continue;
+		if (run_len && c == run_start + run_len) {
+			run_len++;
+			continue;
+		}
+		if (run_len)
+			dd_bm_prefetch(a->bm, run_start, run_len);
+		run_start = c;
+		run_len = 1;
+	}
+	if (run_len)
+		dd_bm_prefetch(a->bm, run_start, run_len);
+}
+
 static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
 		   dd_leaf_fn fn, void *ctx)
 {
@@ -290,6 +317,13 @@ static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
 	r = dd_read(a, b, level, false, &blk);
 	if (r)
 		return r;
+	/* Copy-on-write relies on committed blocks being older than now. */
+	if (le64_to_cpu(dd_hdr(&blk)->txn) >= a->bm->txn) {
+		DMERR("metadata block %llu: written by transaction %llu, after the last commit",
+		      b, le64_to_cpu(dd_hdr(&blk)->txn));
+		dd_bm_release(&blk);
+		return -EILSEQ;
+	}
 	if (!level) {
 		u64 first = leaf_base * a->per_leaf;
 		u32 count = min_t(u64, a->per_leaf, a->nr_entries - first);
@@ -298,6 +332,8 @@ static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
 		dd_bm_release(&blk);
 		return r;
 	}
+	if (level > 1 || fn)
+		dd_prefetch_children(a, &blk);
 	span = dd_leaves_below(level - 1);
 	for (i = 0; i < DD_INTERIOR_FANOUT && !r; i++) {
 		child = le64_to_cpu(dd_children(&blk)[i]);

@@ -266,6 +266,13 @@ int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
 	return 0;
 }
 
+/* Start reading blocks [nr, nr + count) into the cache; never waits. */
+void dd_bm_prefetch(struct dd_bm *bm, u64 nr, u64 count)
+{
+	if (nr >= DD_FIRST_TREE_BLOCK && nr + count <= bm->nr_blocks)
+		dm_bufio_prefetch(bm->bufio, nr, count);
+}
+
 void dd_bm_release(struct dd_block *blk)
 {
 	dm_bufio_release(blk->buf);

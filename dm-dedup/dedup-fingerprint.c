@@ -31,6 +31,16 @@ int dd_hasher_init(struct dd_hasher *h, const char *name, char **error)
 		*error = "unknown hash algorithm (not available in the crypto API)";
 		return r == -ENOENT ? -EINVAL : r;
 	}
+	if (crypto_shash_get_flags(h->tfm) & CRYPTO_TFM_NEED_KEY) {
+		dd_hasher_exit(h);
+		*error = "keyed hash algorithms are not supported";
+		return -EINVAL;
+	}
+	if (strlen(crypto_shash_alg_name(h->tfm)) >= DD_HASH_NAME_LEN) {
+		dd_hasher_exit(h);
+		*error = "hash algorithm name too long";
+		return -EINVAL;
+	}
 	size = crypto_shash_digestsize(h->tfm);
 	if (size < 4) {
 		dd_hasher_exit(h);

@@ -9,7 +9,6 @@
 #ifndef DM_DEDUP_FORMAT_H
 #define DM_DEDUP_FORMAT_H
 
-#include <linux/bits.h>
 #include <linux/types.h>
 
 #define DD_BLOCK_SIZE		4096
@@ -56,8 +55,6 @@ struct dd_block_header {
 #define DD_HEADER_SIZE		32
 #define DD_PAYLOAD_SIZE		(DD_BLOCK_SIZE - DD_HEADER_SIZE)
 #define DD_INTERIOR_FANOUT	(DD_PAYLOAD_SIZE / sizeof(__le64))	/* 508 */
-
-#define DD_SB_FLAG_NEEDS_CHECK	BIT(0)
 
 struct dd_superblock {
 	struct dd_block_header hdr;	/* hdr.txn is the generation */

@@ -7,6 +7,7 @@
 #include <linux/slab.h>
 #include <linux/unaligned.h>
 #include <linux/vmalloc.h>
+#include <linux/xxhash.h>
 
 #include "dedup-index.h"
 
@@ -37,14 +38,23 @@ static inline u64 dd_make_slot(u64 pba, u32 dist, u16 tag)
 	       ((u64)tag << DD_SLOT_TAG_SHIFT);
 }
 
-static inline u64 dd_home(const struct dd_index *idx, const u8 *fp)
+/*
+ * Slot and tag come from a mix of the whole fingerprint: a short digest
+ * (crc32c with verify) would otherwise leave the bits they use constant.
+ */
+static inline u64 dd_mix(const u8 *fp)
 {
-	return mul_u64_u64_shr(get_unaligned_le64(fp), idx->nr_slots, 64);
+	return xxh64(fp, DD_FP_SIZE, 0);
 }
 
-static inline u16 dd_tag(const u8 *fp)
+static inline u64 dd_home(const struct dd_index *idx, u64 mix)
 {
-	return get_unaligned_le16(fp + 8);
+	return mul_u64_u64_shr(mix, idx->nr_slots, 64);
+}
+
+static inline u16 dd_tag(u64 mix)
+{
+	return (u16)mix;
 }
 
 static inline u64 dd_next(const struct dd_index *idx, u64 pos)
@@ -98,13 +108,13 @@ static bool dd_insert_fits(const struct dd_index *idx, u64 pos)
 
 int dd_index_insert(struct dd_index *idx, const u8 *fp, u64 pba)
 {
-	u64 pos = dd_home(idx, fp), cur, s;
+	u64 mix = dd_mix(fp), pos = dd_home(idx, mix), cur, s;
 
 	if (pba > DD_INDEX_MAX_PBA)
 		return -ERANGE;
 	if (idx->nr_entries >= idx->max_entries || !dd_insert_fits(idx, pos))
 		return -ENOSPC;
-	cur = dd_make_slot(pba, 0, dd_tag(fp));
+	cur = dd_make_slot(pba, 0, dd_tag(mix));
 	for (;;) {
 		s = idx->slots[pos];
 		if (!s) {
@@ -124,9 +134,11 @@ int dd_index_insert(struct dd_index *idx, const u8 *fp, u64 pba)
 void dd_index_iter_init(const struct dd_index *idx, const u8 *fp,
 			struct dd_index_iter *it)
 {
-	it->pos = dd_home(idx, fp);
+	u64 mix = dd_mix(fp);
+
+	it->pos = dd_home(idx, mix);
 	it->dist = 0;
-	it->tag = dd_tag(fp);
+	it->tag = dd_tag(mix);
 }
 
 /* Next physical block whose fingerprint may equal the iterator's. */

@@ -14,6 +14,8 @@
 
 #include <linux/types.h>
 
+#include "dedup-format.h"
+
 #define DD_INDEX_MAX_PBA	((1ULL << 40) - 2)
 
 struct dd_index {

@@ -188,8 +188,13 @@ static int dd_scan_fingerprints(void *ctx, u64 first, const void *entries,
 	int r;
 
 	for (i = 0; i < count; i++, fp += DD_FP_SIZE) {
-		if (!dd_space_is_used(&md->data, first + i) ||
-		    dd_all_zero(fp, DD_FP_SIZE))
+		if (!dd_space_is_used(&md->data, first + i))
+			continue;
+		/*
+		 * A short digest (crc32c) can be all zeros; a long one that is
+		 * means the record was never written.
+		 */
+		if (md->cfg.fp_size >= 16 && dd_all_zero(fp, DD_FP_SIZE))
 			continue;
 		scan->fingerprinted++;
 		if (md->cfg.visit) {
@@ -292,7 +297,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			r = -EINVAL;
 			goto bad;
 		}
-		if (md->read_only) {
+		if (md->read_only || cfg->identity_only) {
 			*error = "metadata device is empty and read_only was given";
 			r = -EINVAL;
 			goto bad;
@@ -313,7 +318,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	} else {
 		md->sb = sbs[best];
 		r = dd_check_sb(md, error);
-		if (!r)
+		if (!r && !cfg->identity_only)
 			r = dd_activate(md, error);
 		if (r)
 			goto bad;
@@ -605,7 +610,7 @@ int dd_md_commit(struct dd_metadata *md)
 		r = dd_bm_write_super(md->bm, &sb);
 	}
 	if (r) {
-		md->read_only = true;
+		dd_md_abort(md);
 		return r;
 	}
 	md->sb = sb;
@@ -614,6 +619,29 @@ int dd_md_commit(struct dd_metadata *md)
 	dd_space_commit(&md->bm->space, NULL, NULL);
 	dd_space_commit(&md->data, md->cfg.on_reusable, md->cfg.ctx);
 	return 0;
+}
+
+/*
+ * A change or a commit failed: from now on lookups see the last committed
+ * state, exactly what a crash would leave, and nothing changes any more.
+ * Its blocks are intact on disk; the running transaction's are not, and
+ * dm-bufio drops a cached block whose write failed.
+ */
+void dd_md_abort(struct dd_metadata *md)
+{
+	const struct dd_superblock *sb = &md->sb;
+
+	md->read_only = true;
+	md->dirty = false;
+	md->map.root = le64_to_cpu(sb->map_root);
+	md->refcount.root = le64_to_cpu(sb->refcount_root);
+	md->fingerprint.root = le64_to_cpu(sb->fingerprint_root);
+	md->mapped = le64_to_cpu(sb->mapped_blocks);
+	md->live = le64_to_cpu(sb->used_data_blocks);
+	md->unique_writes = le64_to_cpu(sb->unique_writes);
+	md->duplicate_writes = le64_to_cpu(sb->duplicate_writes);
+	md->zero_writes = le64_to_cpu(sb->zero_writes);
+	md->discarded = le64_to_cpu(sb->discarded_blocks);
 }
 
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)

@@ -31,6 +31,7 @@ struct dd_md_config {
 	const char *hash_name;
 	u32 fp_size;
 	bool read_only;
+	bool identity_only;	/* check the table against it, then stop */
 	dd_fp_visit_fn visit;
 	dd_free_fn on_free;
 	dd_reusable_fn on_reusable;
@@ -75,6 +76,7 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 		      u64 *unmapped);
 
 int dd_md_commit(struct dd_metadata *md);
+void dd_md_abort(struct dd_metadata *md);
 bool dd_md_dirty(struct dd_metadata *md);
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st);
 u64 dd_md_free_data_blocks(struct dd_metadata *md);

@@ -34,6 +34,8 @@
 /* Bounds how long one discard holds the metadata lock. */
 #define DD_MAX_DISCARD_SECTORS		(64ULL << (20 - SECTOR_SHIFT))
 #define DD_INFLIGHT_BITS		8
+/* Verification retries when a commit overtook the compare. */
+#define DD_VERIFY_ATTEMPTS		4
 
 enum dd_mode {
 	DD_MODE_RW,
@@ -49,6 +51,7 @@ static const char * const dd_mode_names[] = {
 
 struct dedup_c {
 	struct dm_target *ti;
+	struct list_head instance;	/* on dd_instances */
 	struct dm_dev *meta_dev;
 	struct dm_dev *data_dev;
 	struct dd_metadata *md;
@@ -84,6 +87,7 @@ struct dedup_c {
 
 	int mode;
 	bool low_water_raised;
+	u64 commit_seq;			/* successful commits, under lock */
 
 	/* not persistent: describe this activation */
 	atomic64_t verify_mismatches;
@@ -93,6 +97,14 @@ struct dedup_c {
 	atomic64_t deferred_reads;
 	atomic64_t discard_passdown_blocks;
 };
+
+/*
+ * Every constructed dedup target, so that a table reload of the same
+ * device can defer opening the metadata until the old table is suspended,
+ * and another device cannot open metadata or data that is in use.
+ */
+static LIST_HEAD(dd_instances);
+static DEFINE_MUTEX(dd_instances_lock);
 
 enum dd_io_flags {
 	DD_IO_HASHED = 1 << 0,
@@ -137,11 +149,19 @@ static void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r)
 	      mode == DD_MODE_NEEDS_CHECK ? ": run dedup check" : "");
 }
 
-/* A metadata operation failed: no further change may reach the disk. */
+static int dd_error_mode(int r)
+{
+	return r == -EILSEQ ? DD_MODE_NEEDS_CHECK : DD_MODE_RO;
+}
+
+/*
+ * A metadata change failed, maybe half done: nothing more may reach the
+ * disk, and reads fall back to the last commit. Needs dc->lock exclusive.
+ */
 static void dd_metadata_error(struct dedup_c *dc, const char *what, int r)
 {
-	dd_degrade(dc, r == -EILSEQ ? DD_MODE_NEEDS_CHECK : DD_MODE_RO, what,
-		   r);
+	dd_degrade(dc, dd_error_mode(r), what, r);
+	dd_md_abort(dc->md);
 }
 
 static blk_status_t dd_errno_to_status(int r)
@@ -193,7 +213,7 @@ static int dd_commit(struct dedup_c *dc)
 	int r = 0;
 
 	down_write(&dc->lock);
-	if (dc->read_only)
+	if (dc->read_only || !dc->md)
 		goto out;	/* nothing was ever changed */
 	if (READ_ONCE(dc->mode) != DD_MODE_RW) {
 		r = -EIO;
@@ -215,10 +235,13 @@ static int dd_commit(struct dedup_c *dc)
 	if (dd_md_pending_data_frees(dc->md))
 		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
 	r = dd_md_commit(dc->md);
-	if (r)
+	if (r) {
 		dd_metadata_error(dc, "metadata commit", r);
-	else if (dc->low_water_raised &&
-		 dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
+		goto out;
+	}
+	dc->commit_seq++;
+	if (dc->low_water_raised &&
+	    dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
 		dc->low_water_raised = false;
 out:
 	up_write(&dc->lock);
@@ -353,7 +376,7 @@ static int dd_read_lookup(struct dedup_c *dc, struct dd_io *io, bool nowait)
 	}
 	if (r) {
 		if (r == -EILSEQ)
-			dd_metadata_error(dc, "map lookup", r);
+			dd_degrade(dc, DD_MODE_NEEDS_CHECK, "map lookup", r);
 		dd_endio(bio, BLK_STS_IOERR);
 		return DM_MAPIO_SUBMITTED;
 	}
@@ -522,34 +545,51 @@ static void dd_submit_unique(struct dedup_c *dc, struct dd_io *io)
 /* Try to share an existing block. 1: shared, 0: store it, < 0: error. */
 static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
 {
-	u64 pba;
+	unsigned int attempts = 0;
+	u64 pba, seq;
+	u32 refs;
 	int r;
 
+again:
 	r = dd_find_duplicate(dc, io->fp, &pba);
 	if (r == -ENODATA)
 		return 0;
-	if (!r)
-		r = dd_md_get_ref(dc->md, pba);
+	if (r)
+		return r;
+	if (dc->verify) {
+		/*
+		 * Compare without the lock. A live block's content never
+		 * changes and a freed block is reused only after a commit: if
+		 * no commit ran meanwhile and the block is still live, what was
+		 * read is what it holds. Holding a reference across the window
+		 * instead could let a commit store a refcount no map entry has.
+		 */
+		seq = dc->commit_seq;
+		up_write(&dc->lock);
+		r = dd_same_content(dc, dd_bio(io), pba);
+		down_write(&dc->lock);
+		if (READ_ONCE(dc->mode) != DD_MODE_RW)
+			return -EIO;
+		if (r <= 0) {
+			/* Different, or unreadable: store a copy of its own. */
+			if (!r)
+				atomic64_inc(&dc->verify_mismatches);
+			return 0;
+		}
+		r = dd_md_get_refcount(dc->md, pba, &refs);
+		if (r)
+			return r;
+		if (!refs || dc->commit_seq != seq) {
+			if (++attempts < DD_VERIFY_ATTEMPTS)
+				goto again;
+			return 0;
+		}
+	}
+	r = dd_md_get_ref(dc->md, pba);
 	if (r == -EOVERFLOW)
 		return 0;	/* refcount saturated: store another copy */
 	if (r)
 		return r;
-	if (dc->verify) {
-		/* The reference we hold keeps the candidate from being freed. */
-		up_write(&dc->lock);
-		r = dd_same_content(dc, dd_bio(io), pba);
-		down_write(&dc->lock);
-		if (r != 1) {
-			/* Different, or unreadable: store a copy of its own. */
-			if (!r)
-				atomic64_inc(&dc->verify_mismatches);
-			if (READ_ONCE(dc->mode) != DD_MODE_RW)
-				return -EIO;
-			return dd_md_put_ref(dc->md, pba);
-		}
-		if (READ_ONCE(dc->mode) != DD_MODE_RW)
-			return -EIO;
-	}
 	r = dd_md_map_claimed(dc->md, io->lba, pba);
 	return r ? r : 1;
 }
@@ -718,6 +758,11 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 
 	switch (type) {
 	case STATUSTYPE_INFO:
+		if (!dc->md) {
+			/* A reloaded table before its first resume. */
+			DMEMIT("inactive");
+			break;
+		}
 		down_read(&dc->lock);
 		dd_md_stats(dc->md, &st);
 		up_read(&dc->lock);
@@ -815,6 +860,8 @@ static int dedup_message(struct dm_target *ti, unsigned int argc, char **argv,
 {
 	struct dedup_c *dc = ti->private;
 
+	if (!dc->md)
+		return -EINVAL;
 	if (argc == 1 && !strcasecmp(argv[0], "stats"))
 		return dd_message_stats(dc, result, maxlen);
 	if (argc == 1 && !strcasecmp(argv[0], "commit"))
@@ -850,10 +897,34 @@ static void dedup_postsuspend(struct dm_target *ti)
 {
 	struct dedup_c *dc = ti->private;
 
+	if (!dc->md)
+		return;
 	cancel_delayed_work_sync(&dc->periodic_commit);
 	flush_workqueue(dc->wq);
 	flush_workqueue(dc->commit_wq);
 	dd_commit(dc);
+}
+
+static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
+			    bool identity_only, char **error);
+
+/*
+ * A reloaded table opens the metadata only now: the table it replaces was
+ * suspended, so everything it wrote is committed.
+ */
+static int dedup_preresume(struct dm_target *ti)
+{
+	struct dedup_c *dc = ti->private;
+	char *error = NULL;
+	int r;
+
+	if (dc->md)
+		return 0;
+	r = dd_open_metadata(dc, ti, false, &error);
+	if (r)
+		DMERR("%s: cannot open the metadata: %s", dd_name(dc),
+		      error ? error : "error");
+	return r;
 }
 
 static void dedup_resume(struct dm_target *ti)
@@ -883,7 +954,7 @@ static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 	r = dm_read_arg_group(&nr_opts, as, &count, error);
 	if (r)
 		return r;
-	if (as->argc) {
+	if (as->argc != count) {
 		*error = "Too many arguments (more than the optional argument count says)";
 		return -EINVAL;
 	}
@@ -920,6 +991,9 @@ static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 
 static void dd_destroy(struct dedup_c *dc)
 {
+	mutex_lock(&dd_instances_lock);
+	list_del(&dc->instance);
+	mutex_unlock(&dd_instances_lock);
 	if (dc->commit_wq)
 		destroy_workqueue(dc->commit_wq);
 	if (dc->wq)
@@ -969,7 +1043,8 @@ static int dd_open_devices(struct dedup_c *dc, struct dm_target *ti,
 	return 0;
 }
 
-static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti)
+static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
+			    bool identity_only, char **error)
 {
 	struct dd_md_config cfg = {
 		.logical_blocks = dc->logical_blocks,
@@ -977,21 +1052,58 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti)
 		.hash_name = dd_hasher_name(&dc->hasher),
 		.fp_size = dc->hasher.fp_size,
 		.read_only = dc->read_only,
+		.identity_only = identity_only,
 		.visit = dd_index_visit,
 		.on_free = dd_index_forget,
 		.on_reusable = dd_blocks_reusable,
 		.ctx = dc,
 	};
+	struct dd_metadata *md;
 	int r;
+
+	if (identity_only) {
+		r = dd_md_open(dc->meta_dev->bdev, &cfg, &md, error);
+		if (!r)
+			dd_md_close(md);
+		return r;
+	}
 
 	r = dd_index_init(&dc->index, dc->data_blocks);
 	if (r) {
 		DMERR("cannot allocate the fingerprint index: %llu MiB",
 		      (u64)(dc->data_blocks + dc->data_blocks / 4) * 8 >> 20);
-		ti->error = "Cannot allocate the fingerprint index";
+		*error = "Cannot allocate the fingerprint index";
 		return r;
 	}
-	return dd_md_open(dc->meta_dev->bdev, &cfg, &dc->md, &ti->error);
+	r = dd_md_open(dc->meta_dev->bdev, &cfg, &dc->md, error);
+	if (r)
+		dd_index_exit(&dc->index);
+	return r;
+}
+
+/* Called with dd_instances_lock held. */
+static int dd_claim_devices(struct dedup_c *dc, bool *reload)
+{
+	struct mapped_device *md = dm_table_get_md(dc->ti->table);
+	struct block_device *meta = dc->meta_dev->bdev;
+	struct block_device *data = dc->data_dev->bdev;
+	struct dedup_c *other;
+
+	*reload = false;
+	list_for_each_entry(other, &dd_instances, instance) {
+		bool same_meta = other->meta_dev->bdev == meta;
+
+		if (!same_meta && other->data_dev->bdev != data &&
+		    other->meta_dev->bdev != data && other->data_dev->bdev != meta)
+			continue;
+		if (dm_table_get_md(other->ti->table) != md || !same_meta ||
+		    other->data_dev->bdev != data) {
+			dc->ti->error = "Device already in use by another dedup target";
+			return -EBUSY;
+		}
+		*reload = true;
+	}
+	return 0;
 }
 
 /*
@@ -1004,6 +1116,7 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	struct dm_arg_set as = { .argc = argc - 2, .argv = argv + 2 };
 	const char *hash = DD_DEFAULT_HASH;
 	struct dedup_c *dc;
+	bool reload;
 	int r;
 
 	if (argc < 2) {
@@ -1021,6 +1134,7 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		return -ENOMEM;
 	}
 	dc->ti = ti;
+	INIT_LIST_HEAD(&dc->instance);
 	dc->commit_interval = DD_DEFAULT_COMMIT_INTERVAL;
 	dc->logical_blocks = ti->len / DD_SECTORS_PER_BLOCK;
 	init_rwsem(&dc->lock);
@@ -1053,7 +1167,13 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		ti->error = "Cannot allocate bio set";
 		goto bad;
 	}
-	r = dd_open_metadata(dc, ti);
+	mutex_lock(&dd_instances_lock);
+	r = dd_claim_devices(dc, &reload);
+	if (!r)
+		r = dd_open_metadata(dc, ti, reload, &ti->error);
+	if (!r)
+		list_add(&dc->instance, &dd_instances);
+	mutex_unlock(&dd_instances_lock);
 	if (r)
 		goto bad;
 	dc->wq = alloc_workqueue("dedup-io", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
@@ -1091,7 +1211,7 @@ static void dedup_dtr(struct dm_target *ti)
 	cancel_delayed_work_sync(&dc->periodic_commit);
 	flush_workqueue(dc->wq);
 	flush_workqueue(dc->commit_wq);
-	if (dd_commit(dc))
+	if (dc->md && dd_commit(dc))
 		DMERR("%s: final commit failed; the device reopens at its last commit",
 		      dd_name(dc));
 	dd_destroy(dc);
@@ -1106,6 +1226,7 @@ static struct target_type dedup_target = {
 	.map = dedup_map,
 	.end_io = dedup_end_io,
 	.postsuspend = dedup_postsuspend,
+	.preresume = dedup_preresume,
 	.resume = dedup_resume,
 	.status = dedup_status,
 	.message = dedup_message,
