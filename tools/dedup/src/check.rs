@@ -1,0 +1,1257 @@
+//! `dedup check`: offline consistency check of a metadata device.
+//!
+//! The superblock slots are classified and chosen exactly as dd_md_open()
+//! does, the superblock is held to what dd_check_sb() requires, then the
+//! three arrays are walked once (every metadata block is read at most once)
+//! and every invariant the kernel relies on is verified. Problems are
+//! collected with their location; nothing is ever written.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::device::BlockDev;
+use crate::ondisk::*;
+
+/// Above this many data blocks the per-PBA tables are hash maps instead of
+/// flat arrays (a flat table costs 4 bytes per data block, zero-filled
+/// lazily by the OS, so it is the fast choice up to ~1 TiB of data).
+const DENSE_LIMIT: u64 = 1 << 28;
+
+/// Fingerprints at least this long never come out all zero in practice
+/// (probability 2^-128): an all-zero record of a live block is a lost
+/// record. Shorter digests can be zero, and the kernel accepts them.
+pub const STRONG_FP_SIZE: usize = 16;
+
+#[derive(Clone, Debug, Default)]
+pub struct CheckOptions {
+    /// Data blocks the table will have (the data device size): the kernel
+    /// refuses metadata formatted for another size.
+    pub data_blocks: Option<u64>,
+    /// Logical blocks the table will have.
+    pub logical_blocks: Option<u64>,
+    /// Hash the table will name.
+    pub hash: Option<String>,
+    /// Keep the content (mappings, refcounts, fingerprints) for `dump`.
+    pub collect: bool,
+    /// Problems kept in the report; 0 = all. Every problem is counted.
+    pub max_problems: usize,
+    /// Data blocks up to which per-PBA tables are flat arrays (None: the
+    /// default, 2^28); above, hash maps. For tests of both paths.
+    pub dense_limit: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One finding, with where it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub severity: Severity,
+    /// Stable machine-readable kind, e.g. `bad_checksum`.
+    pub code: &'static str,
+    /// Metadata block concerned (for a bad child pointer: the parent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub array: Option<&'static str>,
+    /// Tree level (0 = leaf).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<u8>,
+    /// Entry index: the LBA (map) or PBA (refcount, fingerprint), or the
+    /// first entry a damaged tree block covers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u64>,
+    pub message: String,
+}
+
+impl Problem {
+    /// "block 17, map level 0, index 1016" style location.
+    pub fn location(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(b) = self.block {
+            parts.push(format!("block {b}"));
+        }
+        match (self.array, self.level) {
+            (Some(a), Some(l)) => parts.push(format!("{a} level {l}")),
+            (Some(a), None) => parts.push(a.to_string()),
+            _ => {}
+        }
+        if let Some(i) = self.index {
+            let what = match self.array {
+                Some("map") => "lba",
+                Some("refcount") | Some("fingerprint") => "pba",
+                _ => "index",
+            };
+            parts.push(format!("{what} {i}"));
+        }
+        if parts.is_empty() {
+            "superblock".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SlotReport {
+    pub slot: u64,
+    /// `valid`, `zero` or `bad`.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+}
+
+/// The chosen superblock, decoded.
+#[derive(Clone, Debug, Serialize)]
+pub struct SuperblockInfo {
+    pub slot: u64,
+    pub generation: u64,
+    pub version: u32,
+    pub block_size: u32,
+    pub metadata_blocks: u64,
+    pub data_blocks: u64,
+    pub logical_blocks: u64,
+    pub hash: String,
+    pub fp_size: u32,
+    pub flags: u32,
+    pub map_root: u64,
+    pub refcount_root: u64,
+    pub fingerprint_root: u64,
+    pub mapped_blocks: u64,
+    pub used_data_blocks: u64,
+    pub unique_writes: u64,
+    pub duplicate_writes: u64,
+    pub zero_writes: u64,
+    pub discarded_blocks: u64,
+    pub format_time: u64,
+}
+
+impl SuperblockInfo {
+    pub fn from_sb(slot: u64, sb: &Superblock) -> SuperblockInfo {
+        SuperblockInfo {
+            slot,
+            generation: sb.generation(),
+            version: sb.version,
+            block_size: sb.block_size,
+            metadata_blocks: sb.metadata_blocks,
+            data_blocks: sb.data_blocks,
+            logical_blocks: sb.logical_blocks,
+            hash: sb.hash(),
+            fp_size: sb.fp_size,
+            flags: sb.flags,
+            map_root: sb.map_root,
+            refcount_root: sb.refcount_root,
+            fingerprint_root: sb.fingerprint_root,
+            mapped_blocks: sb.mapped_blocks,
+            used_data_blocks: sb.used_data_blocks,
+            unique_writes: sb.unique_writes,
+            duplicate_writes: sb.duplicate_writes,
+            zero_writes: sb.zero_writes,
+            discarded_blocks: sb.discarded_blocks,
+            format_time: sb.format_time,
+        }
+    }
+}
+
+/// What the walk counted.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    /// Superblock slots plus tree blocks: comparable with the
+    /// `metadata_blocks_used` the kernel reports right after activation.
+    pub metadata_blocks_used: u64,
+    pub metadata_blocks_total: u64,
+    pub map_blocks: u64,
+    pub refcount_blocks: u64,
+    pub fingerprint_blocks: u64,
+    /// Non-zero map entries.
+    pub mapped_blocks: u64,
+    /// Physical blocks with refcount > 0.
+    pub live_blocks: u64,
+    pub refcount_sum: u64,
+    /// Live blocks with a non-zero fingerprint record.
+    pub fingerprinted_blocks: u64,
+    /// Fingerprint records left on free blocks (normal: the kernel does
+    /// not clear them when a block is freed).
+    pub stale_fingerprints: u64,
+    /// mapped / live (1.0 when nothing is live).
+    pub dedup_ratio: f64,
+}
+
+/// Full result of a check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub device_blocks: u64,
+    pub slots: Vec<SlotReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superblock: Option<SuperblockInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+    pub errors: u64,
+    pub warnings: u64,
+    /// Problems counted but not listed (see max_problems).
+    pub unlisted_problems: u64,
+    pub problems: Vec<Problem>,
+}
+
+impl Report {
+    pub fn clean(&self) -> bool {
+        self.errors == 0
+    }
+
+    pub fn has(&self, code: &str) -> bool {
+        self.problems.iter().any(|p| p.code == code)
+    }
+}
+
+/// The content of the arrays, for `dump`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Contents {
+    /// (lba, pba), ascending lba.
+    pub mappings: Vec<(u64, u64)>,
+    /// (pba, refcount, fingerprint record), ascending pba, refcount > 0.
+    pub blocks: Vec<(u64, u32, [u8; FP_SIZE])>,
+}
+
+/// Conditions under which the device cannot be checked at all (exit 8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fatal(pub String);
+
+impl std::fmt::Display for Fatal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+struct Problems {
+    list: Vec<Problem>,
+    max: usize,
+    errors: u64,
+    warnings: u64,
+    unlisted: u64,
+}
+
+impl Problems {
+    fn push(&mut self, p: Problem) {
+        match p.severity {
+            Severity::Error => self.errors += 1,
+            Severity::Warning => self.warnings += 1,
+        }
+        if self.max == 0 || self.list.len() < self.max {
+            self.list.push(p);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+}
+
+/// Where a problem is, for building Problems.
+#[derive(Clone, Copy, Default)]
+struct At {
+    block: Option<u64>,
+    array: Option<ArrayId>,
+    level: Option<u8>,
+    index: Option<u64>,
+}
+
+impl At {
+    fn sb() -> At {
+        At::default()
+    }
+    fn node(block: u64, array: ArrayId, level: u8, index: u64) -> At {
+        At {
+            block: Some(block),
+            array: Some(array),
+            level: Some(level),
+            index: Some(index),
+        }
+    }
+    fn entry(array: ArrayId, index: u64) -> At {
+        At {
+            array: Some(array),
+            index: Some(index),
+            ..At::default()
+        }
+    }
+}
+
+/// Map references per physical block.
+enum Counts {
+    Dense(Vec<u32>),
+    Sparse(HashMap<u64, u32>),
+}
+
+impl Counts {
+    fn new(n: u64, dense_limit: u64) -> Counts {
+        if n <= dense_limit {
+            Counts::Dense(vec![0; n as usize])
+        } else {
+            Counts::Sparse(HashMap::new())
+        }
+    }
+    fn inc(&mut self, pba: u64) {
+        match self {
+            Counts::Dense(v) => v[pba as usize] = v[pba as usize].saturating_add(1),
+            Counts::Sparse(m) => {
+                let c = m.entry(pba).or_insert(0);
+                *c = c.saturating_add(1);
+            }
+        }
+    }
+    fn take(&mut self, pba: u64) -> u32 {
+        match self {
+            Counts::Dense(v) => v
+                .get_mut(pba as usize)
+                .map(std::mem::take)
+                .unwrap_or_default(),
+            Counts::Sparse(m) => m.remove(&pba).unwrap_or(0),
+        }
+    }
+    fn remaining(&self) -> Vec<(u64, u32)> {
+        match self {
+            Counts::Dense(v) => v
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c != 0)
+                .map(|(i, &c)| (i as u64, c))
+                .collect(),
+            Counts::Sparse(m) => {
+                let mut r: Vec<_> = m.iter().map(|(&k, &v)| (k, v)).collect();
+                r.sort_unstable();
+                r
+            }
+        }
+    }
+}
+
+/// Physical blocks with refcount > 0 not yet matched with a fingerprint.
+enum Live {
+    Dense(Vec<u64>),
+    Sparse(HashSet<u64>),
+}
+
+impl Live {
+    fn new(n: u64, dense_limit: u64) -> Live {
+        if n <= dense_limit {
+            Live::Dense(vec![0; n.div_ceil(64) as usize])
+        } else {
+            Live::Sparse(HashSet::new())
+        }
+    }
+    fn insert(&mut self, pba: u64) {
+        match self {
+            Live::Dense(v) => v[(pba / 64) as usize] |= 1 << (pba % 64),
+            Live::Sparse(s) => {
+                s.insert(pba);
+            }
+        }
+    }
+    /// Remove `pba`; true if it was there.
+    fn remove(&mut self, pba: u64) -> bool {
+        match self {
+            Live::Dense(v) => match v.get_mut((pba / 64) as usize) {
+                Some(w) => {
+                    let bit = 1u64 << (pba % 64);
+                    let was = *w & bit != 0;
+                    *w &= !bit;
+                    was
+                }
+                None => false,
+            },
+            Live::Sparse(s) => s.remove(&pba),
+        }
+    }
+    fn remaining(&self) -> Vec<u64> {
+        match self {
+            Live::Dense(v) => {
+                let mut r = Vec::new();
+                for (i, &w) in v.iter().enumerate() {
+                    let mut w = w;
+                    while w != 0 {
+                        let b = w.trailing_zeros() as u64;
+                        r.push(i as u64 * 64 + b);
+                        w &= w - 1;
+                    }
+                }
+                r
+            }
+            Live::Sparse(s) => {
+                let mut r: Vec<_> = s.iter().copied().collect();
+                r.sort_unstable();
+                r
+            }
+        }
+    }
+}
+
+/// Entry ranges [first, end) of an array that could not be read.
+#[derive(Default)]
+struct Damaged(Vec<(u64, u64)>);
+
+impl Damaged {
+    fn add(&mut self, r: (u64, u64)) {
+        if r.0 < r.1 {
+            self.0.push(r);
+        }
+    }
+    fn contains(&self, i: u64) -> bool {
+        self.0.iter().any(|&(a, b)| a <= i && i < b)
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn entries(&self) -> u64 {
+        self.0.iter().map(|&(a, b)| b - a).sum()
+    }
+}
+
+struct Walker<'a> {
+    dev: &'a dyn BlockDev,
+    sb: &'a Superblock,
+    problems: Problems,
+    /// Owner (array id) of each metadata block reached so far; 0 = none.
+    owner: Vec<u8>,
+    counts: Counts,
+    live: Live,
+    damaged: [Damaged; 3],
+    summary: Summary,
+    fp_size: usize,
+    contents: Option<Contents>,
+    /// Fingerprints of live blocks, for dump.
+    fps: Vec<(u64, [u8; FP_SIZE])>,
+}
+
+impl Walker<'_> {
+    fn report(&mut self, sev: Severity, code: &'static str, at: At, message: String) {
+        self.problems.push(Problem {
+            severity: sev,
+            code,
+            block: at.block,
+            array: at.array.map(ArrayId::name),
+            level: at.level,
+            index: at.index,
+            message,
+        });
+    }
+
+    fn error(&mut self, code: &'static str, at: At, message: String) {
+        self.report(Severity::Error, code, at, message)
+    }
+
+    fn warn(&mut self, code: &'static str, at: At, message: String) {
+        self.report(Severity::Warning, code, at, message)
+    }
+
+    fn walk_array(&mut self, id: ArrayId) {
+        let g = self.sb.geometry(id);
+        let root = self.sb.root(id);
+        if root == 0 {
+            return;
+        }
+        if g.nr_entries == 0 {
+            self.error(
+                "root_of_empty_array",
+                At {
+                    array: Some(id),
+                    ..At::sb()
+                },
+                format!(
+                    "the {} array has no entries but its root is block {root}",
+                    id.name()
+                ),
+            );
+            return;
+        }
+        self.walk(&g, root, g.height, 0, None);
+    }
+
+    /// Visit block `b`, at `level`, covering leaves from `leaf_base`.
+    /// `parent` is (parent block, slot) for messages about the pointer.
+    fn walk(
+        &mut self,
+        g: &Geometry,
+        b: u64,
+        level: u8,
+        leaf_base: u64,
+        parent: Option<(u64, u32)>,
+    ) {
+        let id = g.id;
+        let range = g.entry_range(leaf_base, level);
+        let ptr_at = match parent {
+            Some((pb, _)) => At::node(pb, id, level + 1, range.0),
+            None => At {
+                array: Some(id),
+                index: Some(range.0),
+                ..At::sb()
+            },
+        };
+        let ptr_name = match parent {
+            Some((_, slot)) => format!("child {slot}"),
+            None => format!("{}_root", id.name()),
+        };
+        if b < FIRST_TREE_BLOCK || b >= self.sb.metadata_blocks {
+            self.error(
+                "block_out_of_range",
+                ptr_at,
+                format!(
+                    "{ptr_name} points to block {b}, outside the tree area [{FIRST_TREE_BLOCK}, {})",
+                    self.sb.metadata_blocks
+                ),
+            );
+            self.damaged[id as usize - 1].add(range);
+            return;
+        }
+        let owner = self.owner[b as usize];
+        if owner != 0 {
+            let first = ArrayId::from_u8(owner).map_or("?", ArrayId::name);
+            self.error(
+                "referenced_twice",
+                ptr_at,
+                format!("{ptr_name} points to block {b}, already used by the {first} array"),
+            );
+            self.damaged[id as usize - 1].add(range);
+            return;
+        }
+        self.owner[b as usize] = id as u8;
+        match id {
+            ArrayId::Map => self.summary.map_blocks += 1,
+            ArrayId::Refcount => self.summary.refcount_blocks += 1,
+            ArrayId::Fingerprint => self.summary.fingerprint_blocks += 1,
+        }
+        let at = At::node(b, id, level, range.0);
+        let mut blk = zero_block();
+        if let Err(e) = self.dev.read_block(b, &mut blk) {
+            self.error("read_error", at, format!("cannot read: {e}"));
+            self.damaged[id as usize - 1].add(range);
+            return;
+        }
+        if !self.block_ok(&blk, b, id, level, at) {
+            self.damaged[id as usize - 1].add(range);
+            return;
+        }
+        if level > 0 {
+            for slot in 0..INTERIOR_FANOUT as u32 {
+                let off = HEADER_SIZE + slot as usize * 8;
+                let child = le64(&blk[..], off);
+                if child == 0 {
+                    continue;
+                }
+                match g.child_first_leaf(leaf_base, level, slot) {
+                    None => self.error(
+                        "child_beyond_end",
+                        at,
+                        format!(
+                            "child {slot} (block {child}) lies beyond the end of the array ({} entries)",
+                            g.nr_entries
+                        ),
+                    ),
+                    Some(first_leaf) => self.walk(g, child, level - 1, first_leaf, Some((b, slot))),
+                }
+            }
+        } else {
+            self.leaf(g, &blk, b, leaf_base);
+        }
+    }
+
+    /// Checksum, location, kind and transaction of a tree block.
+    fn block_ok(&mut self, blk: &Block, b: u64, id: ArrayId, level: u8, at: At) -> bool {
+        if !csum_ok(blk) {
+            let what = if is_zero(&blk[..]) {
+                "block is all zeros (never written?)".to_string()
+            } else {
+                format!(
+                    "checksum mismatch (stored {:#010x}, computed {:#010x})",
+                    stored_csum(blk),
+                    block_csum(blk)
+                )
+            };
+            self.error("bad_checksum", at, what);
+            return false;
+        }
+        let h = Header::decode(&blk[..]);
+        if h.blocknr != b {
+            self.error(
+                "wrong_blocknr",
+                at,
+                format!(
+                    "claims to be block {} (misdirected or misplaced write)",
+                    h.blocknr
+                ),
+            );
+            return false;
+        }
+        let want = if level > 0 { BT_INTERIOR } else { BT_LEAF };
+        if h.btype != want || h.array != id as u8 || h.level != level {
+            self.error(
+                "wrong_kind",
+                at,
+                format!(
+                    "type {} array {} level {}, expected {} array {} level {}",
+                    type_name(h.btype),
+                    h.array,
+                    h.level,
+                    type_name(want),
+                    id as u8,
+                    level
+                ),
+            );
+            return false;
+        }
+        let gen = self.sb.generation();
+        if h.txn == 0 || h.txn > gen {
+            self.error(
+                "bad_txn",
+                at,
+                format!(
+                    "written by transaction {}, not in 1..={gen} (the superblock generation); \
+                     the kernel would change it in place",
+                    h.txn
+                ),
+            );
+        }
+        if h.reserved1 != 0 || h.reserved2 != 0 {
+            self.warn(
+                "reserved_nonzero",
+                at,
+                format!(
+                    "reserved header fields are not zero ({:#06x}, {:#010x})",
+                    h.reserved1, h.reserved2
+                ),
+            );
+        }
+        true
+    }
+
+    fn leaf(&mut self, g: &Geometry, blk: &Block, b: u64, leaf_nr: u64) {
+        let id = g.id;
+        let es = g.entry_size as usize;
+        let first = leaf_nr * g.per_leaf as u64;
+        let count = g.leaf_count(leaf_nr) as usize;
+        let payload = &blk[HEADER_SIZE..];
+        if !is_zero(&payload[count * es..]) {
+            self.warn(
+                "tail_nonzero",
+                At::node(b, id, 0, first + count as u64),
+                format!(
+                    "entries past the end of the array (from index {}) are not zero",
+                    first + count as u64
+                ),
+            );
+        }
+        for i in 0..count {
+            let e = &payload[i * es..(i + 1) * es];
+            let index = first + i as u64;
+            match id {
+                ArrayId::Map => self.map_entry(index, le64(e, 0), b),
+                ArrayId::Refcount => self.refcount_entry(index, le32(e, 0), b),
+                ArrayId::Fingerprint => self.fingerprint_entry(index, e.try_into().unwrap(), b),
+            }
+        }
+    }
+
+    fn map_entry(&mut self, lba: u64, v: u64, b: u64) {
+        if v == 0 {
+            return;
+        }
+        self.summary.mapped_blocks += 1;
+        if v > self.sb.data_blocks {
+            self.error(
+                "map_beyond_data",
+                At {
+                    block: Some(b),
+                    ..At::entry(ArrayId::Map, lba)
+                },
+                format!(
+                    "maps to physical block {}, beyond the data device ({} blocks)",
+                    v - 1,
+                    self.sb.data_blocks
+                ),
+            );
+            return;
+        }
+        self.counts.inc(v - 1);
+        if let Some(c) = self.contents.as_mut() {
+            c.mappings.push((lba, v - 1));
+        }
+    }
+
+    fn refcount_entry(&mut self, pba: u64, rc: u32, b: u64) {
+        let refs = self.counts.take(pba);
+        if rc != refs && self.damaged[ArrayId::Map as usize - 1].is_empty() {
+            self.error(
+                "refcount_mismatch",
+                At {
+                    block: Some(b),
+                    ..At::entry(ArrayId::Refcount, pba)
+                },
+                format!("refcount is {rc} but {refs} map entries point at it"),
+            );
+        }
+        if rc == 0 {
+            return;
+        }
+        self.summary.live_blocks += 1;
+        self.summary.refcount_sum += rc as u64;
+        self.live.insert(pba);
+        if let Some(c) = self.contents.as_mut() {
+            c.blocks.push((pba, rc, [0; FP_SIZE]));
+        }
+    }
+
+    fn fingerprint_entry(&mut self, pba: u64, fp: &[u8; FP_SIZE], b: u64) {
+        let zero = is_zero(fp);
+        if !self.live.remove(pba) {
+            if !zero {
+                self.summary.stale_fingerprints += 1;
+            }
+            return;
+        }
+        let at = At {
+            block: Some(b),
+            ..At::entry(ArrayId::Fingerprint, pba)
+        };
+        if zero {
+            if self.fp_size >= STRONG_FP_SIZE {
+                self.error(
+                    "missing_fingerprint",
+                    at,
+                    "live block (refcount > 0) has an all-zero fingerprint record".into(),
+                );
+                return;
+            }
+            // A short digest (crc32c, xxhash64 with verify) can be zero.
+            self.warn(
+                "zero_fingerprint",
+                at,
+                format!(
+                    "live block has an all-zero fingerprint: possible for a {}-byte digest, \
+                     but it may also be a lost record",
+                    self.fp_size
+                ),
+            );
+        }
+        self.summary.fingerprinted_blocks += 1;
+        if !is_zero(&fp[self.fp_size..]) {
+            self.warn(
+                "fingerprint_tail",
+                at,
+                format!(
+                    "fingerprint bytes past fp_size ({}) are not zero: the block can never be matched",
+                    self.fp_size
+                ),
+            );
+        }
+        if self.contents.is_some() {
+            self.fps.push((pba, *fp));
+        }
+    }
+
+    /// After the walks: what the per-block passes could not see.
+    fn finish(&mut self) {
+        let map_damaged = !self.damaged[ArrayId::Map as usize - 1].is_empty();
+        if map_damaged {
+            let n = self.damaged[ArrayId::Map as usize - 1].entries();
+            self.warn(
+                "refcounts_unverified",
+                At {
+                    array: Some(ArrayId::Refcount),
+                    ..At::sb()
+                },
+                format!(
+                    "refcounts were not compared with the map: {n} map entries could not be read"
+                ),
+            );
+        } else {
+            for (pba, refs) in self.counts.remaining() {
+                if self.damaged[ArrayId::Refcount as usize - 1].contains(pba) {
+                    continue;
+                }
+                self.error(
+                    "refcount_mismatch",
+                    At::entry(ArrayId::Refcount, pba),
+                    format!("refcount is 0 (no refcount leaf) but {refs} map entries point at it"),
+                );
+            }
+        }
+        for pba in self.live.remaining() {
+            if self.damaged[ArrayId::Fingerprint as usize - 1].contains(pba) {
+                continue;
+            }
+            self.error(
+                "missing_fingerprint",
+                At::entry(ArrayId::Fingerprint, pba),
+                "live block (refcount > 0) has no fingerprint record (no fingerprint leaf)".into(),
+            );
+        }
+        let s = &self.summary;
+        let (mapped, refsum, live) = (s.mapped_blocks, s.refcount_sum, s.live_blocks);
+        if !map_damaged && mapped != self.sb.mapped_blocks {
+            self.error(
+                "counter_mismatch",
+                At::sb(),
+                format!(
+                    "the map has {mapped} mapped entries but the superblock says mapped_blocks {}",
+                    self.sb.mapped_blocks
+                ),
+            );
+        }
+        if self.damaged[ArrayId::Refcount as usize - 1].is_empty() {
+            if refsum != self.sb.mapped_blocks {
+                self.error(
+                    "counter_mismatch",
+                    At::sb(),
+                    format!(
+                        "refcounts sum to {refsum} but the superblock says mapped_blocks {}",
+                        self.sb.mapped_blocks
+                    ),
+                );
+            }
+            if live != self.sb.used_data_blocks {
+                self.error(
+                    "counter_mismatch",
+                    At::sb(),
+                    format!(
+                        "{live} physical blocks have refcount > 0 but the superblock says used_data_blocks {}",
+                        self.sb.used_data_blocks
+                    ),
+                );
+            }
+        }
+        let s = &mut self.summary;
+        s.metadata_blocks_used = SB_SLOTS + s.map_blocks + s.refcount_blocks + s.fingerprint_blocks;
+        s.metadata_blocks_total = self.sb.metadata_blocks;
+        s.dedup_ratio = if s.live_blocks == 0 {
+            1.0
+        } else {
+            s.mapped_blocks as f64 / s.live_blocks as f64
+        };
+        if let Some(c) = self.contents.as_mut() {
+            let fps = std::mem::take(&mut self.fps);
+            for blk in c.blocks.iter_mut() {
+                if let Ok(i) = fps.binary_search_by_key(&blk.0, |f| f.0) {
+                    blk.2 = fps[i].1;
+                }
+            }
+        }
+    }
+}
+
+/// Rules on the superblock's own fields, whatever the device: what
+/// dd_check_sb() demands and plain sanity of the counters. Shared with
+/// restore's validation of a dump.
+pub fn superblock_rules(sb: &Superblock) -> Vec<(Severity, &'static str, String)> {
+    let mut v = Vec::new();
+    let mut e = |code, msg: String| v.push((Severity::Error, code, msg));
+    if sb.block_size != BLOCK_SIZE as u32 {
+        e(
+            "superblock",
+            format!("block_size is {}, must be {BLOCK_SIZE}", sb.block_size),
+        );
+    }
+    if sb.fp_size > FP_SIZE as u32 || sb.fp_size < 4 {
+        e(
+            "superblock",
+            format!("fp_size is {}, must be 4..={FP_SIZE}", sb.fp_size),
+        );
+    }
+    let hash = sb.hash();
+    let name_len = sb.hash_name.iter().position(|&c| c == 0);
+    if name_len.is_none() {
+        e("superblock", "hash_name is not NUL terminated".into());
+    }
+    let name = &sb.hash_name[..name_len.unwrap_or(HASH_NAME_LEN)];
+    if hash.is_empty() {
+        e("superblock", "hash_name is empty".into());
+    } else if !name.iter().all(|c| c.is_ascii_graphic()) {
+        e(
+            "superblock",
+            format!("hash_name {hash:?} is not a crypto API name"),
+        );
+    } else if let Some(fp) = hash_fp_size(&hash) {
+        if fp != sb.fp_size {
+            e(
+                "superblock",
+                format!("fp_size is {} but hash {hash} keeps {fp} bytes", sb.fp_size),
+            );
+        }
+    }
+    if sb.data_blocks == 0 {
+        e("superblock", "data_blocks is 0".into());
+    }
+    if sb.logical_blocks == 0 {
+        e("superblock", "logical_blocks is 0".into());
+    }
+    if sb.generation() == 0 {
+        e(
+            "superblock",
+            "generation is 0 (the first commit is generation 1)".into(),
+        );
+    }
+    if sb.mapped_blocks > sb.logical_blocks {
+        e(
+            "counter_mismatch",
+            format!(
+                "mapped_blocks {} exceeds logical_blocks {}",
+                sb.mapped_blocks, sb.logical_blocks
+            ),
+        );
+    }
+    if sb.used_data_blocks > sb.data_blocks {
+        e(
+            "counter_mismatch",
+            format!(
+                "used_data_blocks {} exceeds data_blocks {}",
+                sb.used_data_blocks, sb.data_blocks
+            ),
+        );
+    }
+    if sb.used_data_blocks > sb.mapped_blocks {
+        e(
+            "counter_mismatch",
+            format!(
+                "used_data_blocks {} exceeds mapped_blocks {} (a live block has a reference)",
+                sb.used_data_blocks, sb.mapped_blocks
+            ),
+        );
+    }
+    if sb.flags != 0 {
+        // No flag is defined (dedup-format.h); the kernel ignores them.
+        v.push((
+            Severity::Warning,
+            "superblock",
+            format!("unknown flags {:#x}", sb.flags),
+        ));
+    }
+    v
+}
+
+/// Superblock-level invariants, including those that involve the device
+/// and the table the user named.
+fn check_superblock(sb: &Superblock, dev_blocks: u64, opts: &CheckOptions, w: &mut Walker<'_>) {
+    for (sev, code, msg) in superblock_rules(sb) {
+        w.report(sev, code, At::sb(), msg);
+    }
+    let e = |w: &mut Walker<'_>, code, msg: String| w.error(code, At::sb(), msg);
+    if sb.metadata_blocks < FIRST_TREE_BLOCK {
+        e(
+            w,
+            "superblock",
+            format!("metadata_blocks is {}", sb.metadata_blocks),
+        );
+    }
+    let need = required_blocks(sb.logical_blocks, sb.data_blocks);
+    if dev_blocks < need {
+        e(
+            w,
+            "device_too_small",
+            format!(
+                "the device has {dev_blocks} blocks but {} logical and {} data blocks need {need}: \
+                 the kernel refuses to activate",
+                sb.logical_blocks, sb.data_blocks
+            ),
+        );
+    }
+    let hash = sb.hash();
+    if let Some(d) = opts.data_blocks {
+        if d != sb.data_blocks {
+            e(
+                w,
+                "table_mismatch",
+                format!(
+                    "data device size differs from the metadata: --data-blocks {d}, data_blocks {}",
+                    sb.data_blocks
+                ),
+            );
+        }
+    }
+    if let Some(l) = opts.logical_blocks {
+        if l != sb.logical_blocks {
+            e(
+                w,
+                "table_mismatch",
+                format!(
+                    "logical size differs from the metadata: --logical-blocks {l}, logical_blocks {}",
+                    sb.logical_blocks
+                ),
+            );
+        }
+    }
+    if let Some(h) = &opts.hash {
+        if *h != hash {
+            e(
+                w,
+                "table_mismatch",
+                format!("hash differs from the metadata: --hash {h}, hash_name {hash}"),
+            );
+        }
+    }
+}
+
+/// Read both superblock slots.
+pub fn read_slots(dev: &dyn BlockDev) -> Vec<SlotState> {
+    (0..SB_SLOTS)
+        .map(|slot| {
+            let mut b = zero_block();
+            match dev.read_block(slot, &mut b) {
+                Ok(()) => classify_slot(slot, &b),
+                Err(e) => SlotState::Bad(format!("cannot read: {e}")),
+            }
+        })
+        .collect()
+}
+
+fn slot_reports(states: &[SlotState]) -> Vec<SlotReport> {
+    states
+        .iter()
+        .enumerate()
+        .map(|(i, st)| SlotReport {
+            slot: i as u64,
+            state: st.label(),
+            reason: match st {
+                SlotState::Bad(r) => Some(r.clone()),
+                _ => None,
+            },
+            generation: match st {
+                SlotState::Valid(sb) => Some(sb.generation()),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
+/// True if block 2 looks like a tree block of this format: what is left
+/// when both superblocks were wiped.
+fn has_tree_blocks(dev: &dyn BlockDev) -> bool {
+    let mut b = zero_block();
+    if dev.read_block(FIRST_TREE_BLOCK, &mut b).is_err() || !csum_ok(&b) {
+        return false;
+    }
+    let h = Header::decode(&b[..]);
+    (h.btype == BT_INTERIOR || h.btype == BT_LEAF)
+        && h.blocknr == FIRST_TREE_BLOCK
+        && ArrayId::from_u8(h.array).is_some()
+}
+
+/// Check the metadata on `dev`.
+pub fn check(dev: &dyn BlockDev, opts: &CheckOptions) -> Result<(Report, Option<Contents>), Fatal> {
+    let dev_blocks = dev.nr_blocks();
+    if dev_blocks < SB_SLOTS {
+        return Err(Fatal(format!(
+            "too small to be a dm-dedup metadata device ({dev_blocks} whole 4 KiB blocks; \
+             the superblock slots alone need {SB_SLOTS})"
+        )));
+    }
+    let states = read_slots(dev);
+    let slots = slot_reports(&states);
+    let mut problems = Problems {
+        list: Vec::new(),
+        max: opts.max_problems,
+        errors: 0,
+        warnings: 0,
+        unlisted: 0,
+    };
+    let Some(best) = pick_superblock(&states) else {
+        let zero = states.iter().all(|s| *s == SlotState::Zero);
+        let magic = (0..SB_SLOTS).any(|slot| {
+            let mut b = zero_block();
+            dev.read_block(slot, &mut b).is_ok() && le64(&b[..], 32) == SB_MAGIC
+        });
+        if !magic && !has_tree_blocks(dev) {
+            return Err(Fatal(if zero {
+                "not formatted: both superblock slots are zero (the kernel formats such a device \
+                 on first activation; `dedup format` does it offline)"
+                    .into()
+            } else {
+                "not a dm-dedup metadata device: no superblock magic in blocks 0 and 1".into()
+            }));
+        }
+        let why: Vec<String> = states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s {
+                SlotState::Bad(r) => format!("slot {i}: {r}"),
+                _ => format!("slot {i}: {}", s.label()),
+            })
+            .collect();
+        problems.push(Problem {
+            severity: Severity::Error,
+            code: "no_valid_superblock",
+            block: None,
+            array: None,
+            level: None,
+            index: None,
+            message: format!(
+                "no valid superblock, but the device holds dm-dedup metadata ({})",
+                why.join("; ")
+            ),
+        });
+        return Ok((
+            Report {
+                device_blocks: dev_blocks,
+                slots,
+                superblock: None,
+                summary: None,
+                errors: problems.errors,
+                warnings: problems.warnings,
+                unlisted_problems: problems.unlisted,
+                problems: problems.list,
+            },
+            None,
+        ));
+    };
+    let SlotState::Valid(sb) = &states[best] else {
+        unreachable!()
+    };
+    let sb: &Superblock = sb;
+    if sb.version != FORMAT_VERSION {
+        return Err(Fatal(format!(
+            "metadata format version {} is not supported (this tool knows version {FORMAT_VERSION})",
+            sb.version
+        )));
+    }
+    if sb.metadata_blocks > dev_blocks {
+        return Err(Fatal(format!(
+            "the device is truncated or too small: the superblock (slot {best}) says {} metadata \
+             blocks, the device has {dev_blocks}",
+            sb.metadata_blocks
+        )));
+    }
+    // A device the kernel accepts has data_blocks < 64 * metadata_blocks
+    // (the fingerprint tree alone needs 2 blocks per 127 data blocks);
+    // anything else is damaged and must not make us allocate huge tables.
+    let dense_limit = opts
+        .dense_limit
+        .unwrap_or(DENSE_LIMIT)
+        .min(sb.metadata_blocks.saturating_mul(64));
+    let mut w = Walker {
+        dev,
+        sb,
+        problems,
+        owner: vec![0; sb.metadata_blocks as usize],
+        counts: Counts::new(sb.data_blocks, dense_limit),
+        live: Live::new(sb.data_blocks, dense_limit),
+        damaged: Default::default(),
+        summary: Summary::default(),
+        fp_size: (sb.fp_size as usize).min(FP_SIZE),
+        contents: opts.collect.then(Contents::default),
+        fps: Vec::new(),
+    };
+    for (i, st) in states.iter().enumerate() {
+        if i == best {
+            continue;
+        }
+        if let SlotState::Bad(r) = st {
+            w.warn(
+                "other_slot_bad",
+                At {
+                    block: Some(i as u64),
+                    ..At::sb()
+                },
+                format!(
+                    "superblock slot {i} is damaged ({r}); the kernel ignores it and overwrites it \
+                     at the next commit"
+                ),
+            );
+        }
+    }
+    check_superblock(sb, dev_blocks, opts, &mut w);
+    for id in ArrayId::ALL {
+        w.walk_array(id);
+    }
+    w.finish();
+    let report = Report {
+        device_blocks: dev_blocks,
+        slots,
+        superblock: Some(SuperblockInfo::from_sb(best as u64, sb)),
+        summary: Some(w.summary.clone()),
+        errors: w.problems.errors,
+        warnings: w.problems.warnings,
+        unlisted_problems: w.problems.unlisted,
+        problems: w.problems.list,
+    };
+    Ok((report, w.contents))
+}
+
+/// The report as text for a person.
+pub fn render(report: &Report, device: &str) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "checking {device} ({} blocks of 4 KiB)",
+        report.device_blocks
+    );
+    for s in &report.slots {
+        let _ = match (&s.reason, s.generation) {
+            (Some(r), _) => writeln!(o, "  superblock slot {}: bad: {r}", s.slot),
+            (None, Some(g)) => writeln!(o, "  superblock slot {}: valid, generation {g}", s.slot),
+            _ => writeln!(o, "  superblock slot {}: {}", s.slot, s.state),
+        };
+    }
+    if let Some(sb) = &report.superblock {
+        let _ = writeln!(
+            o,
+            "  using slot {} (generation {}): {} metadata, {} data, {} logical blocks; hash {} ({}-byte fingerprints); formatted {}",
+            sb.slot,
+            sb.generation,
+            sb.metadata_blocks,
+            sb.data_blocks,
+            sb.logical_blocks,
+            sb.hash,
+            sb.fp_size,
+            crate::util::format_utc(sb.format_time)
+        );
+    }
+    for p in &report.problems {
+        let sev = match p.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        let _ = writeln!(o, "{sev}: {}: {} [{}]", p.location(), p.message, p.code);
+    }
+    if report.unlisted_problems > 0 {
+        let _ = writeln!(
+            o,
+            "... and {} more problems not listed (see --max-problems)",
+            report.unlisted_problems
+        );
+    }
+    if let Some(s) = &report.summary {
+        let _ = writeln!(
+            o,
+            "metadata blocks in use: {} of {} (2 superblock slots, {} map, {} refcount, {} fingerprint)",
+            s.metadata_blocks_used,
+            s.metadata_blocks_total,
+            s.map_blocks,
+            s.refcount_blocks,
+            s.fingerprint_blocks
+        );
+        let _ = writeln!(
+            o,
+            "mapped logical blocks: {}, live physical blocks: {}, refcounts sum to {}, dedup ratio {:.2}",
+            s.mapped_blocks, s.live_blocks, s.refcount_sum, s.dedup_ratio
+        );
+    }
+    let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    let _ = if report.errors == 0 {
+        writeln!(o, "result: clean, {}", plural(report.warnings, "warning"))
+    } else {
+        writeln!(
+            o,
+            "result: {}, {}",
+            plural(report.errors, "error"),
+            plural(report.warnings, "warning")
+        )
+    };
+    o
+}
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;

@@ -1,0 +1,679 @@
+//! Tests of the checker: images built by the writer, then damaged.
+
+use super::*;
+use crate::device::MemDev;
+use crate::writer::{test_fingerprint, write_image, ImageSpec, Layout};
+
+const LOGICAL: u64 = 2000; // map: 4 leaves, height 1
+const DATA: u64 = 300; // refcounts: 1 leaf, height 0; fingerprints: 3 leaves, height 1
+
+fn sb_for(logical: u64, data: u64, metadata_blocks: u64, gen: u64) -> Superblock {
+    let mut sb =
+        Superblock::new_formatted(metadata_blocks, data, logical, "sha256", 32, 1_700_000_000);
+    sb.header.txn = gen;
+    sb
+}
+
+/// 1200 mapped LBAs over 3 leaves onto 250 PBAs: LBA i -> PBA i % 250.
+fn sample_mappings() -> Vec<(u64, u64)> {
+    (0..1200u64).map(|i| (i + 300, i % 250)).collect()
+}
+
+fn build(spec: &ImageSpec) -> (MemDev, Layout) {
+    let mut d = MemDev::new(spec.sb.metadata_blocks);
+    let (_, layout) = write_image(&mut d, spec).unwrap();
+    (d, layout)
+}
+
+fn sample_spec() -> ImageSpec {
+    let blocks = required_blocks(LOGICAL, DATA) + 8;
+    ImageSpec::consistent(
+        sb_for(LOGICAL, DATA, blocks, 5),
+        &sample_mappings(),
+        test_fingerprint,
+    )
+}
+
+fn sample() -> (MemDev, Layout) {
+    build(&sample_spec())
+}
+
+fn run(d: &MemDev) -> Report {
+    check(d, &CheckOptions::default()).unwrap().0
+}
+
+fn codes(r: &Report) -> Vec<&'static str> {
+    r.problems.iter().map(|p| p.code).collect()
+}
+
+fn find<'a>(r: &'a Report, code: &str) -> &'a Problem {
+    r.problems
+        .iter()
+        .find(|p| p.code == code)
+        .unwrap_or_else(|| panic!("no {code} in {:#?}", r.problems))
+}
+
+fn reseal(d: &mut MemDev, nr: u64) {
+    seal(d.block_mut(nr));
+}
+
+fn set64(d: &mut MemDev, nr: u64, off: usize, v: u64) {
+    d.block_mut(nr)[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    reseal(d, nr);
+}
+
+/// Rewrite the superblock of the chosen slot through `f`.
+fn edit_sb(d: &mut MemDev, f: impl FnOnce(&mut Superblock)) {
+    let states = read_slots(d);
+    let i = pick_superblock(&states).unwrap();
+    let mut sb = Superblock::decode(d.block(i as u64));
+    f(&mut sb);
+    let b = sb.encode();
+    *d.block_mut(sb.slot()) = *b;
+}
+
+fn child(d: &MemDev, nr: u64, slot: usize) -> u64 {
+    le64(&d.block(nr)[..], HEADER_SIZE + slot * 8)
+}
+
+#[test]
+fn clean_image() {
+    let (d, layout) = sample();
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert!(r.clean());
+    let s = r.summary.unwrap();
+    assert_eq!(s.mapped_blocks, 1200);
+    assert_eq!(s.live_blocks, 250);
+    assert_eq!(s.refcount_sum, 1200);
+    assert_eq!(s.fingerprinted_blocks, 250);
+    assert!((s.dedup_ratio - 4.8).abs() < 1e-9);
+    // map: LBAs 300..1500 -> leaves 0..2 plus a root; refcounts: one
+    // leaf; fingerprints: PBAs 0..250 -> leaves 0,1 plus a root.
+    assert_eq!(
+        (s.map_blocks, s.refcount_blocks, s.fingerprint_blocks),
+        (4, 1, 3)
+    );
+    assert_eq!(s.metadata_blocks_used, 2 + layout.tree_blocks);
+    let sb = r.superblock.unwrap();
+    assert_eq!((sb.slot, sb.generation), (1, 5));
+    assert_eq!(r.slots[0].state, "zero");
+    assert_eq!(r.slots[1].state, "valid");
+}
+
+#[test]
+fn clean_with_sparse_tables_and_contents() {
+    let spec = sample_spec();
+    let (d, _) = build(&spec);
+    for limit in [0, 1 << 28] {
+        let opts = CheckOptions {
+            collect: true,
+            dense_limit: Some(limit),
+            ..CheckOptions::default()
+        };
+        let (r, c) = check(&d, &opts).unwrap();
+        assert!(r.problems.is_empty(), "{:#?}", r.problems);
+        let c = c.unwrap();
+        assert_eq!(c.mappings, spec.mappings);
+        let blocks: Vec<_> = spec
+            .refcounts
+            .iter()
+            .zip(&spec.fingerprints)
+            .map(|(&(p, rc), &(_, fp))| (p, rc, fp))
+            .collect();
+        assert_eq!(c.blocks, blocks);
+    }
+}
+
+#[test]
+fn formatted_empty_device_is_clean() {
+    let mut d = MemDev::new(required_blocks(LOGICAL, DATA));
+    crate::writer::format(&mut d, DATA, LOGICAL, "sha256", 32, 0).unwrap();
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.summary.unwrap().metadata_blocks_used, 2);
+}
+
+#[test]
+fn deep_tree_is_clean() {
+    // 508 * 508 + 1 logical blocks: map height 2.
+    let logical = 508 * 508 + 1;
+    let data = 5000;
+    let maps: Vec<(u64, u64)> = (0..3000u64).map(|i| (i * 86, i % 4999)).collect();
+    let blocks = required_blocks(logical, data);
+    let spec = ImageSpec::consistent(sb_for(logical, data, blocks, 9), &maps, test_fingerprint);
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.summary.unwrap().mapped_blocks, 3000);
+}
+
+#[test]
+fn bad_checksum_in_map_leaf() {
+    let (mut d, layout) = sample();
+    let leaf = child(&d, layout.map_root, 1);
+    d.block_mut(leaf)[HEADER_SIZE + 7] ^= 0x40;
+    let r = run(&d);
+    assert!(!r.clean());
+    let p = find(&r, "bad_checksum");
+    assert_eq!(p.block, Some(leaf));
+    assert_eq!(p.array, Some("map"));
+    assert_eq!(p.level, Some(0));
+    assert_eq!(p.index, Some(508));
+    assert!(p.message.contains("checksum mismatch"), "{}", p.message);
+    // Refcounts cannot be compared with a partial map: no cascade.
+    assert!(!r.has("refcount_mismatch"));
+    assert!(r.has("refcounts_unverified"));
+    assert_eq!(r.errors, 1);
+}
+
+#[test]
+fn zeroed_tree_block() {
+    let (mut d, layout) = sample();
+    d.block_mut(layout.refcount_root).fill(0);
+    let r = run(&d);
+    let p = find(&r, "bad_checksum");
+    assert_eq!(p.block, Some(layout.refcount_root));
+    assert!(p.message.contains("all zeros"));
+    // Live blocks and fingerprints of an unreadable refcount leaf are not
+    // reported one by one.
+    assert!(!r.has("missing_fingerprint"));
+    assert!(!r.has("refcount_mismatch"));
+}
+
+#[test]
+fn wrong_blocknr() {
+    let (mut d, layout) = sample();
+    let leaf = child(&d, layout.fingerprint_root, 0);
+    set64(&mut d, leaf, 8, leaf + 100);
+    let r = run(&d);
+    let p = find(&r, "wrong_blocknr");
+    assert_eq!(p.block, Some(leaf));
+    assert_eq!(p.array, Some("fingerprint"));
+    assert!(p
+        .message
+        .contains(&format!("claims to be block {}", leaf + 100)));
+}
+
+#[test]
+fn wrong_type_array_level() {
+    let (mut d, layout) = sample();
+    // The map root is an interior node at level 1; call it a leaf.
+    d.block_mut(layout.map_root)[4..8].copy_from_slice(&BT_LEAF.to_le_bytes());
+    d.block_mut(layout.map_root)[25] = 0;
+    reseal(&mut d, layout.map_root);
+    let p = find(&run(&d), "wrong_kind").clone();
+    assert_eq!(p.block, Some(layout.map_root));
+    assert!(
+        p.message
+            .contains("type LEAF array 1 level 0, expected INTR array 1 level 1"),
+        "{}",
+        p.message
+    );
+
+    let (mut d, layout) = sample();
+    d.block_mut(layout.refcount_root)[24] = 3; // array id
+    reseal(&mut d, layout.refcount_root);
+    let p = find(&run(&d), "wrong_kind").clone();
+    assert!(
+        p.message.contains("array 3 level 0, expected LEAF array 2"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn block_referenced_twice_within_an_array() {
+    let (mut d, layout) = sample();
+    let first = child(&d, layout.map_root, 0);
+    // Child 2 of the map root now points at the same leaf as child 0.
+    set64(&mut d, layout.map_root, HEADER_SIZE + 2 * 8, first);
+    let r = run(&d);
+    let p = find(&r, "referenced_twice");
+    assert_eq!(p.block, Some(layout.map_root));
+    assert!(p.message.contains(&format!(
+        "child 2 points to block {first}, already used by the map array"
+    )));
+}
+
+#[test]
+fn block_referenced_twice_across_arrays() {
+    let (mut d, layout) = sample();
+    edit_sb(&mut d, |sb| sb.fingerprint_root = layout.map_root);
+    let r = run(&d);
+    let p = find(&r, "referenced_twice");
+    assert_eq!(p.block, None);
+    assert_eq!(p.array, Some("fingerprint"));
+    assert!(
+        p.message.contains("fingerprint_root points to block"),
+        "{}",
+        p.message
+    );
+    // Each block is read at most once: the map subtree is not re-walked.
+    assert_eq!(r.summary.unwrap().fingerprint_blocks, 0);
+}
+
+#[test]
+fn block_numbers_out_of_range() {
+    let (mut d, layout) = sample();
+    set64(&mut d, layout.map_root, HEADER_SIZE + 8, 1);
+    let r = run(&d);
+    let p = find(&r, "block_out_of_range");
+    assert_eq!(p.block, Some(layout.map_root));
+    assert!(
+        p.message.contains("child 1 points to block 1"),
+        "{}",
+        p.message
+    );
+
+    let (mut d, _) = sample();
+    let n = d.nr_blocks();
+    edit_sb(&mut d, |sb| sb.refcount_root = n);
+    let p = find(&run(&d), "block_out_of_range").clone();
+    assert!(p.message.contains("refcount_root points to block"));
+}
+
+#[test]
+fn child_beyond_the_array_end() {
+    let (mut d, layout) = sample();
+    // The map has 4 leaves (2000 entries); slot 4 is beyond the end.
+    let leaf = child(&d, layout.map_root, 0);
+    set64(&mut d, layout.map_root, HEADER_SIZE + 4 * 8, leaf);
+    let r = run(&d);
+    let p = find(&r, "child_beyond_end");
+    assert_eq!(p.block, Some(layout.map_root));
+    assert!(p.message.contains("child 4"));
+    assert!(!r.has("referenced_twice"));
+}
+
+#[test]
+fn transaction_newer_than_superblock() {
+    let (mut d, layout) = sample();
+    set64(&mut d, layout.refcount_root, 16, 6);
+    let r = run(&d);
+    let p = find(&r, "bad_txn");
+    assert_eq!(p.block, Some(layout.refcount_root));
+    assert!(p.message.contains("transaction 6"));
+}
+
+#[test]
+fn refcount_mismatch() {
+    let mut spec = sample_spec();
+    spec.refcounts[17].1 += 1; // pba 17: 5 mappings, refcount 6
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    let p = find(&r, "refcount_mismatch");
+    assert_eq!(p.array, Some("refcount"));
+    assert_eq!(p.index, Some(17));
+    assert!(
+        p.message.contains("refcount is 6 but 5 map entries"),
+        "{}",
+        p.message
+    );
+    // and the sum no longer matches the superblock
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.code == "counter_mismatch" && p.message.contains("refcounts sum to 1201")));
+}
+
+#[test]
+fn mapped_block_with_zero_refcount() {
+    let mut spec = sample_spec();
+    // Map LBA 0 onto PBA 290, which has neither refcount nor fingerprint.
+    spec.mappings.insert(0, (0, 290));
+    spec.sb.mapped_blocks += 1;
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    let p = find(&r, "refcount_mismatch");
+    assert_eq!(p.index, Some(290));
+    assert!(
+        p.message.contains("refcount is 0 but 1 map entries"),
+        "{}",
+        p.message
+    );
+    assert!(r.has("counter_mismatch"));
+}
+
+#[test]
+fn refcount_leaf_missing() {
+    // PBA 1100 lives in refcount leaf 1, which is absent.
+    let data = 2000;
+    let blocks = required_blocks(LOGICAL, data);
+    let mut spec = ImageSpec::consistent(
+        sb_for(LOGICAL, data, blocks, 3),
+        &[(1, 5), (2, 1100)],
+        test_fingerprint,
+    );
+    spec.refcounts.retain(|r| r.0 != 1100);
+    spec.sb.used_data_blocks -= 1;
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    let p = find(&r, "refcount_mismatch");
+    assert_eq!(p.index, Some(1100));
+    assert!(p.message.contains("no refcount leaf"));
+}
+
+#[test]
+fn missing_fingerprints() {
+    let mut spec = sample_spec();
+    spec.fingerprints[3].1 = [0; FP_SIZE]; // pba 3: zero record
+    spec.fingerprints.retain(|f| f.0 < 127); // leaf 1 (pba 127..250) absent
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    let zero = r
+        .problems
+        .iter()
+        .filter(|p| p.code == "missing_fingerprint")
+        .collect::<Vec<_>>();
+    assert_eq!(zero.len(), 1 + 123);
+    assert_eq!(zero[0].index, Some(3));
+    assert!(zero[0].message.contains("all-zero"));
+    assert_eq!(zero[1].index, Some(127));
+    assert!(zero[1].message.contains("no fingerprint leaf"));
+    assert_eq!(r.summary.unwrap().fingerprinted_blocks, 126);
+}
+
+#[test]
+fn fingerprint_tail_past_fp_size() {
+    let mut spec = sample_spec();
+    spec.sb.hash_name = [0; HASH_NAME_LEN];
+    spec.sb.hash_name[..8].copy_from_slice(b"xxhash64");
+    spec.sb.fp_size = 8;
+    for f in spec.fingerprints.iter_mut() {
+        f.1[8..].fill(0);
+    }
+    spec.fingerprints[0].1[20] = 1;
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    assert_eq!(codes(&r), vec!["fingerprint_tail"]);
+    assert!(r.clean());
+}
+
+#[test]
+fn stale_fingerprints_are_fine() {
+    let mut spec = sample_spec();
+    spec.fingerprints.push((260, test_fingerprint(260)));
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.summary.unwrap().stale_fingerprints, 1);
+}
+
+#[test]
+fn map_entry_beyond_data_device() {
+    let mut spec = sample_spec();
+    spec.mappings.push((1999, DATA)); // pba == data_blocks
+    spec.sb.mapped_blocks += 1;
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    let p = find(&r, "map_beyond_data");
+    assert_eq!(p.array, Some("map"));
+    assert_eq!(p.index, Some(1999));
+}
+
+#[test]
+fn superblock_counters() {
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| {
+        sb.mapped_blocks = 1199;
+        sb.used_data_blocks = 251;
+    });
+    let r = run(&d);
+    let msgs: Vec<_> = r
+        .problems
+        .iter()
+        .filter(|p| p.code == "counter_mismatch")
+        .map(|p| p.message.clone())
+        .collect();
+    assert_eq!(msgs.len(), 3, "{msgs:?}");
+    assert!(msgs[0].contains("1200 mapped entries"));
+    assert!(msgs[1].contains("refcounts sum to 1200"));
+    assert!(msgs[2].contains("251"));
+}
+
+#[test]
+fn superblock_fields() {
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| {
+        sb.block_size = 512;
+        sb.fp_size = 33;
+        sb.flags = 1;
+    });
+    let r = run(&d);
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.message.contains("block_size is 512")));
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.message.contains("fp_size is 33")));
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.message.contains("unknown flags 0x1")));
+
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| sb.version = 2);
+    let f = check(&d, &CheckOptions::default()).unwrap_err();
+    assert!(f.0.contains("version 2 is not supported"), "{f}");
+}
+
+#[test]
+fn table_mismatch() {
+    let (d, _) = sample();
+    let opts = CheckOptions {
+        data_blocks: Some(DATA + 1),
+        logical_blocks: Some(LOGICAL),
+        hash: Some("sha512".into()),
+        ..CheckOptions::default()
+    };
+    let r = check(&d, &opts).unwrap().0;
+    let msgs: Vec<_> = r
+        .problems
+        .iter()
+        .filter(|p| p.code == "table_mismatch")
+        .map(|p| p.message.as_str())
+        .collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(msgs[0].contains("--data-blocks 301"));
+    assert!(msgs[1].contains("--hash sha512"));
+}
+
+#[test]
+fn device_smaller_than_required() {
+    let spec = sample_spec();
+    let mut small = spec.clone();
+    small.sb.metadata_blocks = 15;
+    assert!(required_blocks(LOGICAL, DATA) > 15);
+    let (d, _) = build(&small);
+    let r = run(&d);
+    let p = find(&r, "device_too_small");
+    assert!(p
+        .message
+        .contains(&format!("need {}", required_blocks(LOGICAL, DATA))));
+}
+
+#[test]
+fn newest_valid_slot_wins() {
+    let spec = sample_spec();
+    let (mut d, _) = build(&spec);
+    // An older generation in slot 0 with other counters: ignored.
+    let mut old = Superblock::decode(d.block(1));
+    old.header.txn = 4;
+    old.mapped_blocks = 7;
+    *d.block_mut(0) = *old.encode();
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.superblock.as_ref().unwrap().slot, 1);
+    assert_eq!(r.slots[0].generation, Some(4));
+
+    // A newer one in slot 0 wins, and its counters are then wrong.
+    old.header.txn = 6;
+    *d.block_mut(0) = *old.encode();
+    let r = run(&d);
+    assert_eq!(r.superblock.as_ref().unwrap().slot, 0);
+    assert!(r.has("counter_mismatch"));
+}
+
+#[test]
+fn damaged_other_slot_is_a_warning() {
+    let (mut d, _) = sample();
+    d.block_mut(0)[..8].copy_from_slice(b"garbage!");
+    let r = run(&d);
+    assert!(r.clean());
+    let p = find(&r, "other_slot_bad");
+    assert_eq!(p.severity, Severity::Warning);
+    assert_eq!(r.slots[0].state, "bad");
+    assert!(r.slots[0]
+        .reason
+        .as_ref()
+        .unwrap()
+        .contains("no dm-dedup magic"));
+}
+
+#[test]
+fn superblock_damage_with_one_slot() {
+    // Bad checksum in the only superblock: metadata is there, no valid sb.
+    let (mut d, _) = sample();
+    d.block_mut(1)[200] = 1;
+    let r = run(&d);
+    assert!(!r.clean());
+    let p = find(&r, "no_valid_superblock");
+    assert!(
+        p.message.contains("slot 1: checksum mismatch"),
+        "{}",
+        p.message
+    );
+    assert!(r.summary.is_none());
+
+    // Misdirected: the slot-1 superblock written to slot 0.
+    let (mut d, _) = sample();
+    let b = *d.block(1);
+    *d.block_mut(0) = b;
+    d.block_mut(1).fill(0);
+    let p = find(&run(&d), "no_valid_superblock").clone();
+    assert!(
+        p.message.contains("slot 0: claims to be block 1"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn zeroed_superblocks() {
+    // Both slots wiped on a device with trees: damaged metadata.
+    let (mut d, _) = sample();
+    d.block_mut(1).fill(0);
+    let r = run(&d);
+    let p = find(&r, "no_valid_superblock");
+    assert!(
+        p.message.contains("slot 0: zero; slot 1: zero"),
+        "{}",
+        p.message
+    );
+
+    // A device never formatted: operational error.
+    let d = MemDev::new(100);
+    let f = check(&d, &CheckOptions::default()).unwrap_err();
+    assert!(f.0.starts_with("not formatted"), "{f}");
+}
+
+#[test]
+fn not_a_dedup_device() {
+    // Random garbage.
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let bytes: Vec<u8> = (0..64 * BLOCK_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let f = check(&MemDev::from_bytes(bytes), &CheckOptions::default()).unwrap_err();
+    assert!(f.0.starts_with("not a dm-dedup metadata device"), "{f}");
+    // A data device: text.
+    let text = b"hello world, this is a data block\n".repeat(1000);
+    let f = check(&MemDev::from_bytes(text), &CheckOptions::default()).unwrap_err();
+    assert!(f.0.starts_with("not a dm-dedup metadata device"), "{f}");
+}
+
+#[test]
+fn truncated_devices() {
+    let (d, _) = sample();
+    let mut bytes = d.bytes.clone();
+    bytes.truncate(20 * BLOCK_SIZE + 100);
+    let f = check(&MemDev::from_bytes(bytes), &CheckOptions::default()).unwrap_err();
+    assert!(f.0.contains("truncated"), "{f}");
+    assert!(f.0.contains("the device has 20"), "{f}");
+
+    let mut bytes = d.bytes.clone();
+    bytes.truncate(BLOCK_SIZE + 5);
+    let f = check(&MemDev::from_bytes(bytes), &CheckOptions::default()).unwrap_err();
+    assert!(f.0.contains("too small"), "{f}");
+
+    let f = check(&MemDev::default(), &CheckOptions::default()).unwrap_err();
+    assert!(f.0.contains("too small"), "{f}");
+}
+
+#[test]
+fn problem_list_is_capped_but_counted() {
+    let mut spec = sample_spec();
+    for r in spec.refcounts.iter_mut() {
+        r.1 += 1;
+    }
+    let (d, _) = build(&spec);
+    let opts = CheckOptions {
+        max_problems: 10,
+        ..CheckOptions::default()
+    };
+    let r = check(&d, &opts).unwrap().0;
+    assert_eq!(r.problems.len(), 10);
+    assert_eq!(r.errors, 250 + 1);
+    assert_eq!(r.unlisted_problems, 241);
+    let text = render(&r, "img");
+    assert!(text.contains("241 more problems"));
+    assert!(text.contains("result: 251 errors"));
+}
+
+#[test]
+fn render_mentions_locations() {
+    let (mut d, layout) = sample();
+    let leaf = child(&d, layout.map_root, 1);
+    d.block_mut(leaf)[100] ^= 1;
+    let text = render(&run(&d), "img");
+    assert!(
+        text.contains(&format!(
+            "error: block {leaf}, map level 0, lba 508: checksum mismatch"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("superblock slot 1: valid, generation 5"),
+        "{text}"
+    );
+}
+
+#[test]
+fn zero_fingerprint_of_a_short_digest_is_a_warning() {
+    let mut spec = sample_spec();
+    spec.sb.hash_name = [0; HASH_NAME_LEN];
+    spec.sb.hash_name[..6].copy_from_slice(b"crc32c");
+    spec.sb.fp_size = 4;
+    for f in spec.fingerprints.iter_mut() {
+        f.1[4..].fill(0);
+    }
+    spec.fingerprints[9].1 = [0; FP_SIZE];
+    let (d, _) = build(&spec);
+    let r = run(&d);
+    assert!(r.clean());
+    let p = find(&r, "zero_fingerprint");
+    assert_eq!(p.index, Some(9));
+    assert_eq!(r.summary.unwrap().fingerprinted_blocks, 250);
+    // An absent leaf is an error whatever the digest size.
+    spec.fingerprints.retain(|f| f.0 < 127);
+    let (d, _) = build(&spec);
+    assert!(run(&d).has("missing_fingerprint"));
+}

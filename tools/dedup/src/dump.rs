@@ -1,0 +1,522 @@
+//! `dedup dump` and `dedup restore`: the portable JSON form of a metadata
+//! device. The schema is documented in tools/README.md.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::check::{self, CheckOptions, Contents};
+use crate::device::{BlockDev, FileDev};
+use crate::ondisk::*;
+use crate::util::*;
+use crate::writer::{self, ImageSpec};
+
+pub const DUMP_FORMAT: &str = "dm-dedup-metadata-dump";
+pub const DUMP_VERSION: u32 = 1;
+
+/// The superblock fields a dump carries. Roots and metadata_blocks are
+/// not carried: they describe where things were on the old device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpSuperblock {
+    pub generation: u64,
+    pub format_version: u32,
+    pub block_size: u32,
+    /// Size of the device the dump was taken from (informational).
+    pub metadata_blocks: u64,
+    pub data_blocks: u64,
+    pub logical_blocks: u64,
+    pub hash: String,
+    pub fp_size: u32,
+    pub flags: u32,
+    pub mapped_blocks: u64,
+    pub used_data_blocks: u64,
+    pub unique_writes: u64,
+    pub duplicate_writes: u64,
+    pub zero_writes: u64,
+    pub discarded_blocks: u64,
+    pub format_time: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mapping {
+    pub lba: u64,
+    pub pba: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRecord {
+    pub pba: u64,
+    pub refcount: u32,
+    /// The 32-byte fingerprint record in lower-case hex (64 digits); bytes
+    /// past fp_size are zero.
+    pub fingerprint: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dump {
+    pub format: String,
+    pub version: u32,
+    pub superblock: DumpSuperblock,
+    pub mappings: Vec<Mapping>,
+    pub blocks: Vec<BlockRecord>,
+}
+
+impl DumpSuperblock {
+    pub fn from_sb(sb: &Superblock) -> DumpSuperblock {
+        DumpSuperblock {
+            generation: sb.generation(),
+            format_version: sb.version,
+            block_size: sb.block_size,
+            metadata_blocks: sb.metadata_blocks,
+            data_blocks: sb.data_blocks,
+            logical_blocks: sb.logical_blocks,
+            hash: sb.hash(),
+            fp_size: sb.fp_size,
+            flags: sb.flags,
+            mapped_blocks: sb.mapped_blocks,
+            used_data_blocks: sb.used_data_blocks,
+            unique_writes: sb.unique_writes,
+            duplicate_writes: sb.duplicate_writes,
+            zero_writes: sb.zero_writes,
+            discarded_blocks: sb.discarded_blocks,
+            format_time: sb.format_time,
+        }
+    }
+}
+
+/// Write `d` as JSON: the header pretty-printed, then one mapping or block
+/// per line, so that large dumps stay readable and diffable.
+pub fn write_dump(out: &mut dyn Write, sb: &DumpSuperblock, c: &Contents) -> io::Result<()> {
+    writeln!(out, "{{")?;
+    writeln!(out, "  \"format\": \"{DUMP_FORMAT}\",")?;
+    writeln!(out, "  \"version\": {DUMP_VERSION},")?;
+    let sbj = serde_json::to_string_pretty(sb)?.replace('\n', "\n  ");
+    writeln!(out, "  \"superblock\": {sbj},")?;
+    write!(out, "  \"mappings\": [")?;
+    for (i, &(lba, pba)) in c.mappings.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(out, "{sep}\n    {{\"lba\": {lba}, \"pba\": {pba}}}")?;
+    }
+    writeln!(out, "{}],", if c.mappings.is_empty() { "" } else { "\n  " })?;
+    write!(out, "  \"blocks\": [")?;
+    for (i, (pba, rc, fp)) in c.blocks.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(
+            out,
+            "{sep}\n    {{\"pba\": {pba}, \"refcount\": {rc}, \"fingerprint\": \"{}\"}}",
+            hex(fp)
+        )?;
+    }
+    writeln!(out, "{}]", if c.blocks.is_empty() { "" } else { "\n  " })?;
+    writeln!(out, "}}")?;
+    out.flush()
+}
+
+/// Dump the metadata of `dev` into `out`. Err((exit code, message)).
+pub fn dump_to(
+    dev: &dyn BlockDev,
+    out: &mut dyn Write,
+    force: bool,
+) -> Result<check::Report, (i32, String)> {
+    let opts = CheckOptions {
+        collect: true,
+        max_problems: 20,
+        ..CheckOptions::default()
+    };
+    let (report, contents) = check::check(dev, &opts).map_err(|f| (EXIT_OPERATIONAL, f.0))?;
+    let Some(sbi) = &report.superblock else {
+        return Err((
+            EXIT_ERRORS,
+            "no valid superblock: nothing to dump (run dedup check)".into(),
+        ));
+    };
+    if !report.clean() && !force {
+        let first: Vec<String> = report
+            .problems
+            .iter()
+            .filter(|p| p.severity == check::Severity::Error)
+            .take(5)
+            .map(|p| format!("  {}: {}", p.location(), p.message))
+            .collect();
+        return Err((
+            EXIT_ERRORS,
+            format!(
+                "the metadata has {} errors; run dedup check (or dump what is readable with --force):\n{}",
+                report.errors,
+                first.join("\n")
+            ),
+        ));
+    }
+    let mut slot = zero_block();
+    dev.read_block(sbi.slot, &mut slot)
+        .map_err(|e| (EXIT_OPERATIONAL, format!("cannot read the superblock: {e}")))?;
+    let sb = Superblock::decode(&slot);
+    let contents = contents.unwrap_or_default();
+    write_dump(out, &DumpSuperblock::from_sb(&sb), &contents)
+        .map_err(|e| (EXIT_OPERATIONAL, format!("cannot write the dump: {e}")))?;
+    Ok(report)
+}
+
+pub fn run_dump(device: &Path, output: Option<&Path>, force: bool) -> i32 {
+    let dev = match FileDev::open(device, false) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("dedup dump: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let mut out: Box<dyn Write> = match output {
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+        Some(p) => match File::create(p) {
+            Ok(f) => Box::new(BufWriter::new(f)),
+            Err(e) => {
+                eprintln!("dedup dump: {}: {e}", p.display());
+                return EXIT_OPERATIONAL;
+            }
+        },
+    };
+    match dump_to(&dev, &mut *out, force) {
+        Ok(r) => {
+            if !r.clean() {
+                eprintln!(
+                    "dedup dump: {}: dumped despite {} errors (--force)",
+                    device.display(),
+                    r.errors
+                );
+                return EXIT_ERRORS;
+            }
+            if let (Some(p), Some(s)) = (output, &r.summary) {
+                eprintln!(
+                    "dedup dump: {} -> {}: {} mappings, {} live blocks",
+                    device.display(),
+                    p.display(),
+                    s.mapped_blocks,
+                    s.live_blocks
+                );
+            }
+            EXIT_OK
+        }
+        Err((code, msg)) => {
+            eprintln!("dedup dump: {}: {msg}", device.display());
+            if let Some(p) = output {
+                let _ = std::fs::remove_file(p);
+            }
+            code
+        }
+    }
+}
+
+/// Parse a dump from JSON text.
+pub fn parse_dump(r: impl Read) -> Result<Dump, String> {
+    serde_json::from_reader(BufReader::new(r)).map_err(|e| format!("not a valid dump: {e}"))
+}
+
+/// Check that a dump describes a consistent state and turn it into what
+/// the writer needs. `generation` overrides the dump's. Every problem found
+/// is returned (at most `max` listed).
+pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSpec, Vec<String>> {
+    let mut errs: Vec<String> = Vec::new();
+    let mut more = 0u64;
+    let mut bad = |m: String| {
+        if errs.len() < max {
+            errs.push(m);
+        } else {
+            more += 1;
+        }
+    };
+    let s = &d.superblock;
+    if d.format != DUMP_FORMAT {
+        bad(format!(
+            "format is '{}', expected '{DUMP_FORMAT}'",
+            d.format
+        ));
+    }
+    if d.version != DUMP_VERSION {
+        bad(format!(
+            "dump version {} not supported (expected {DUMP_VERSION})",
+            d.version
+        ));
+    }
+    if s.format_version != FORMAT_VERSION {
+        bad(format!(
+            "metadata format version {} not supported",
+            s.format_version
+        ));
+    }
+    if s.block_size != BLOCK_SIZE as u32 {
+        bad(format!("block_size {} is not {BLOCK_SIZE}", s.block_size));
+    }
+    if s.fp_size < 4 || s.fp_size > FP_SIZE as u32 {
+        bad(format!("fp_size {} not in 4..={FP_SIZE}", s.fp_size));
+    }
+    if s.hash.is_empty() || s.hash.len() >= HASH_NAME_LEN || s.hash.contains('\0') {
+        bad(format!(
+            "hash name '{}' is empty or longer than {} bytes",
+            s.hash,
+            HASH_NAME_LEN - 1
+        ));
+    }
+    if s.data_blocks == 0 || s.logical_blocks == 0 {
+        bad("data_blocks and logical_blocks must be at least 1".into());
+    }
+    let gen = generation.unwrap_or(s.generation);
+    if gen == 0 {
+        bad("generation 0 is invalid (the first commit is generation 1)".into());
+    }
+
+    let mut mappings: Vec<(u64, u64)> = Vec::with_capacity(d.mappings.len());
+    let mut refs: HashMap<u64, u64> = HashMap::new();
+    for m in &d.mappings {
+        if m.lba >= s.logical_blocks {
+            bad(format!(
+                "mapping lba {} -> pba {}: lba beyond logical_blocks {}",
+                m.lba, m.pba, s.logical_blocks
+            ));
+            continue;
+        }
+        if m.pba >= s.data_blocks {
+            bad(format!(
+                "mapping lba {} -> pba {}: pba beyond data_blocks {}",
+                m.lba, m.pba, s.data_blocks
+            ));
+            continue;
+        }
+        *refs.entry(m.pba).or_default() += 1;
+        mappings.push((m.lba, m.pba));
+    }
+    mappings.sort_unstable();
+    for w in mappings.windows(2) {
+        if w[0].0 == w[1].0 {
+            bad(format!(
+                "lba {} is mapped twice (pba {} and {})",
+                w[0].0, w[0].1, w[1].1
+            ));
+        }
+    }
+
+    let mut blocks: Vec<(u64, u32, [u8; FP_SIZE])> = Vec::with_capacity(d.blocks.len());
+    for b in &d.blocks {
+        if b.pba >= s.data_blocks {
+            bad(format!(
+                "block pba {}: beyond data_blocks {}",
+                b.pba, s.data_blocks
+            ));
+            continue;
+        }
+        let n = refs.remove(&b.pba).unwrap_or(0);
+        if b.refcount as u64 != n {
+            bad(format!(
+                "block pba {}: refcount {} but {n} mappings point at it",
+                b.pba, b.refcount
+            ));
+        }
+        let fp = match unhex(&b.fingerprint) {
+            Some(v) if v.len() <= FP_SIZE => {
+                let mut f = [0u8; FP_SIZE];
+                f[..v.len()].copy_from_slice(&v);
+                f
+            }
+            _ => {
+                bad(format!(
+                    "block pba {}: fingerprint is not up to {} hex digits",
+                    b.pba,
+                    2 * FP_SIZE
+                ));
+                continue;
+            }
+        };
+        // Bytes past fp_size are kept as they are: the kernel never writes
+        // them, check warns about them, a dump carries them unchanged.
+        if is_zero(&fp) && s.fp_size as usize >= check::STRONG_FP_SIZE {
+            bad(format!("block pba {}: fingerprint is all zero", b.pba));
+        }
+        blocks.push((b.pba, b.refcount, fp));
+    }
+    blocks.sort_unstable_by_key(|b| b.0);
+    for w in blocks.windows(2) {
+        if w[0].0 == w[1].0 {
+            bad(format!("block pba {} is listed twice", w[0].0));
+        }
+    }
+    let mut orphans: Vec<_> = refs.into_iter().collect();
+    orphans.sort_unstable();
+    for (pba, n) in orphans {
+        bad(format!(
+            "pba {pba}: {n} mappings point at it but it has no block record"
+        ));
+    }
+    if s.mapped_blocks != d.mappings.len() as u64 {
+        bad(format!(
+            "mapped_blocks is {} but there are {} mappings",
+            s.mapped_blocks,
+            d.mappings.len()
+        ));
+    }
+    if s.used_data_blocks != d.blocks.len() as u64 {
+        bad(format!(
+            "used_data_blocks is {} but there are {} block records",
+            s.used_data_blocks,
+            d.blocks.len()
+        ));
+    }
+    let mut sb = Superblock::new_formatted(
+        0,
+        s.data_blocks,
+        s.logical_blocks,
+        &s.hash,
+        s.fp_size,
+        s.format_time,
+    );
+    sb.header.txn = gen;
+    sb.flags = s.flags;
+    sb.mapped_blocks = s.mapped_blocks;
+    sb.used_data_blocks = s.used_data_blocks;
+    sb.unique_writes = s.unique_writes;
+    sb.duplicate_writes = s.duplicate_writes;
+    sb.zero_writes = s.zero_writes;
+    sb.discarded_blocks = s.discarded_blocks;
+    // The same rules check applies to a superblock.
+    for (sev, _, msg) in check::superblock_rules(&sb) {
+        if sev == check::Severity::Error {
+            bad(format!("superblock: {msg}"));
+        }
+    }
+    if more > 0 {
+        errs.push(format!("... and {more} more problems"));
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+
+    Ok(ImageSpec {
+        sb,
+        mappings,
+        refcounts: blocks.iter().map(|b| (b.0, b.1)).collect(),
+        fingerprints: blocks.iter().map(|b| (b.0, b.2)).collect(),
+    })
+}
+
+/// Write `spec` to `dev` (metadata_blocks = the device size) after the
+/// size and overwrite checks. Err((exit code, message)).
+pub fn restore_to(
+    dev: &mut dyn BlockDev,
+    mut spec: ImageSpec,
+    force: bool,
+) -> Result<(Superblock, check::Report), (i32, String)> {
+    let have = dev.nr_blocks();
+    let need = required_blocks(spec.sb.logical_blocks, spec.sb.data_blocks);
+    if have < need {
+        return Err((
+            EXIT_OPERATIONAL,
+            format!(
+                "device too small: {have} blocks ({}), the dump's sizes need {need} blocks ({})",
+                human_bytes(have << 12),
+                human_bytes(need.saturating_mul(4096))
+            ),
+        ));
+    }
+    if !force {
+        let slots = check::read_slots(dev);
+        if let Some(i) = pick_superblock(&slots) {
+            return Err((
+                EXIT_OPERATIONAL,
+                format!("the device holds valid dm-dedup metadata (slot {i}); use --force to overwrite it"),
+            ));
+        }
+    }
+    spec.sb.metadata_blocks = have;
+    let (sb, _) = writer::write_image(dev, &spec)
+        .map_err(|e| (EXIT_OPERATIONAL, format!("write failed: {e}")))?;
+    let opts = CheckOptions {
+        max_problems: 20,
+        ..CheckOptions::default()
+    };
+    let (report, _) = check::check(dev, &opts).map_err(|f| {
+        (
+            EXIT_ERRORS,
+            format!("the restored metadata does not check: {f}"),
+        )
+    })?;
+    if !report.clean() {
+        return Err((
+            EXIT_ERRORS,
+            format!(
+                "the restored metadata has {} errors (a bug: please report): {}",
+                report.errors,
+                report
+                    .problems
+                    .iter()
+                    .filter(|p| p.severity == check::Severity::Error)
+                    .map(|p| format!("{}: {}", p.location(), p.message))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ));
+    }
+    Ok((sb, report))
+}
+
+pub fn run_restore(input: &Path, device: &Path, force: bool, generation: Option<u64>) -> i32 {
+    let parsed = if input == Path::new("-") {
+        parse_dump(io::stdin().lock())
+    } else {
+        match File::open(input) {
+            Ok(f) => parse_dump(f),
+            Err(e) => {
+                eprintln!("dedup restore: {}: {e}", input.display());
+                return EXIT_OPERATIONAL;
+            }
+        }
+    };
+    let dump = match parsed {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("dedup restore: {}: {e}", input.display());
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let spec = match validate(&dump, generation, 50) {
+        Ok(s) => s,
+        Err(errs) => {
+            eprintln!(
+                "dedup restore: {}: the dump is inconsistent, refusing it:",
+                input.display()
+            );
+            for e in errs {
+                eprintln!("  {e}");
+            }
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let mut dev = match FileDev::open(device, true) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("dedup restore: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    match restore_to(&mut dev, spec, force) {
+        Ok((sb, report)) => {
+            let s = report.summary.unwrap_or_default();
+            println!(
+                "restored {} -> {}: generation {} in slot {}, {} mappings, {} live blocks, {} metadata blocks used of {}",
+                input.display(),
+                device.display(),
+                sb.generation(),
+                sb.slot(),
+                s.mapped_blocks,
+                s.live_blocks,
+                s.metadata_blocks_used,
+                sb.metadata_blocks
+            );
+            EXIT_OK
+        }
+        Err((code, msg)) => {
+            eprintln!("dedup restore: {}: {msg}", device.display());
+            code
+        }
+    }
+}

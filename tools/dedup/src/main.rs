@@ -1,0 +1,484 @@
+//! `dedup`: userspace tools for the dm-dedup device-mapper target.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use dedup_tools::check::{self, CheckOptions};
+use dedup_tools::device::{self, BlockDev, FileDev};
+use dedup_tools::ondisk::{self, SlotState};
+use dedup_tools::util::*;
+use dedup_tools::{dump, estimate, stats, writer};
+
+macro_rules! exit_codes {
+    () => {
+        "\
+EXIT STATUS
+    0   success; for check: no errors (warnings may have been printed)
+    4   check: errors were found and left uncorrected; dump: the metadata
+        has errors (use --force to dump anyway)
+    8   operational error: cannot open or read a device, not a dm-dedup
+        metadata device, device busy, too small, or the operation was
+        refused (e.g. it would overwrite valid metadata without --force)
+    16  usage or syntax error"
+    };
+}
+
+const EXIT_CODES: &str = exit_codes!();
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dedup",
+    version,
+    about = "Userspace tools for the dm-dedup device-mapper target",
+    long_about = "Userspace tools for the dm-dedup device-mapper target, which deduplicates 4 KiB \
+blocks between a metadata device and a data device.\n\n\
+The tools read and write the metadata device directly, so they must only be run on a metadata \
+device that no active dedup target uses: block devices are opened exclusively (O_EXCL), which \
+the kernel refuses while device-mapper holds them.",
+    after_long_help = EXIT_CODES,
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    Check(CheckArgs),
+    Format(FormatArgs),
+    Dump(DumpArgs),
+    Restore(RestoreArgs),
+    Estimate(EstimateArgs),
+    Stats(StatsArgs),
+}
+
+/// Check the metadata of a dm-dedup device offline (fsck).
+///
+/// Reads both superblock slots and reports each as valid, zero or bad (and
+/// why), then chooses the valid one with the highest generation exactly as
+/// the kernel does. From it, walks the three persistent arrays (map,
+/// refcounts, fingerprints) reading each metadata block at most once, and
+/// verifies: every block's CRC-32C, that it sits where its header says,
+/// that its type, array and level match its place in the tree, that its
+/// transaction is not newer than the superblock; that block numbers are in
+/// range and no block is referenced twice (across all arrays); that no
+/// child lies beyond the end of its array; that map entries point inside
+/// the data device; that the refcount of every physical block equals the
+/// number of logical blocks mapped to it; that every live block has a
+/// fingerprint; and that the superblock counters (mapped_blocks,
+/// used_data_blocks) match what the trees hold.
+///
+/// Every problem is listed with its location: block number, array, level
+/// and the logical (lba) or physical (pba) block index concerned. Nothing
+/// is ever written.
+#[derive(Args, Debug)]
+#[command(after_long_help = concat!("EXAMPLES\n    dedup check /dev/vg/dedup-meta\n    dedup check meta.img --data-blocks 262144 --logical-blocks 1048576 --json\n\n", exit_codes!()))]
+struct CheckArgs {
+    /// Metadata device or image file.
+    device: PathBuf,
+    /// Also require the superblock to match a table whose data device has
+    /// this many 4 KiB blocks (the kernel refuses a mismatch).
+    #[arg(long, value_name = "N")]
+    data_blocks: Option<u64>,
+    /// Also require the superblock to match this logical size in 4 KiB
+    /// blocks (the target length in sectors / 8).
+    #[arg(long, value_name = "N")]
+    logical_blocks: Option<u64>,
+    /// Also require this hash algorithm.
+    #[arg(long, value_name = "ALG")]
+    hash: Option<String>,
+    /// Print the report as JSON on stdout (see README.md for the schema).
+    #[arg(long)]
+    json: bool,
+    /// List at most N problems (all are counted); 0 lists all.
+    #[arg(long, value_name = "N", default_value_t = 10000)]
+    max_problems: usize,
+}
+
+/// Format a metadata device offline, as the kernel does on first use.
+///
+/// Writes the superblock the kernel's dd_format() writes: generation 1 in
+/// slot 1, empty arrays, format_time = now, metadata_blocks = the device
+/// size in 4 KiB blocks; slot 0 is zeroed. The rest of the device is left
+/// as it is: nothing reachable from the superblock lives there.
+///
+/// The sizes must be those of the table the device will be used with: the
+/// data device size (--data-blocks, or --data-dev to measure it) and the
+/// logical size (--logical-blocks or --logical-size). The device must be at
+/// least as large as the kernel requires for these sizes (twice the full
+/// trees plus two superblock slots); otherwise the needed size is printed.
+/// A device that already holds a valid superblock is refused unless
+/// --force is given.
+#[derive(Args, Debug)]
+#[command(after_long_help = concat!("EXAMPLES\n    dedup format /dev/vg/meta --data-dev /dev/vg/data --logical-size 100G\n    dmsetup create vol --table \"0 $((100 << 21)) dedup /dev/vg/meta /dev/vg/data\"\n\n", exit_codes!()))]
+struct FormatArgs {
+    /// Metadata device or image file (a file must already have its size).
+    device: PathBuf,
+    /// Number of 4 KiB blocks of the data device.
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "data_dev",
+        conflicts_with = "data_dev"
+    )]
+    data_blocks: Option<u64>,
+    /// Data device (or file) whose size gives the number of data blocks.
+    #[arg(long, value_name = "PATH")]
+    data_dev: Option<PathBuf>,
+    /// Logical size in 4 KiB blocks.
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "logical_size",
+        conflicts_with = "logical_size"
+    )]
+    logical_blocks: Option<u64>,
+    /// Logical size in bytes, a multiple of 4096; K, M, G, T suffixes are
+    /// powers of 1024 (e.g. 100G).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    logical_size: Option<u64>,
+    /// Hash algorithm the table will name (crypto API name).
+    #[arg(long, value_name = "ALG", default_value = "sha256")]
+    hash: String,
+    /// Overwrite a device that holds a valid dm-dedup superblock.
+    #[arg(long)]
+    force: bool,
+    /// Seconds since the epoch to record as format time (for reproducible
+    /// images).
+    #[arg(long, hide = true)]
+    format_time: Option<u64>,
+}
+
+/// Dump the content of a metadata device as portable JSON.
+///
+/// The metadata is checked first (as `dedup check` does); a device with
+/// errors is refused unless --force, in which case what could be read is
+/// dumped. The JSON holds the superblock's identity fields and counters,
+/// every mapped logical block as {lba, pba}, and every live physical block
+/// as {pba, refcount, fingerprint}. Its schema is in tools/README.md.
+#[derive(Args, Debug)]
+#[command(after_long_help = concat!("EXAMPLES\n    dedup dump /dev/vg/meta -o meta.json\n    dedup restore meta.json /dev/vg/new-meta\n\n", exit_codes!()))]
+struct DumpArgs {
+    /// Metadata device or image file.
+    device: PathBuf,
+    /// Write the JSON here instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Dump even if the check finds errors.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Write fresh metadata from a JSON dump.
+///
+/// The dump is validated first and refused if it is inconsistent: a logical
+/// or physical block out of range, a logical block mapped twice, a refcount
+/// that differs from the number of mappings to its block, a mapped block
+/// without a record, a missing fingerprint, or counters that disagree.
+/// Then new trees are written from block 2 upwards, all with the dump's
+/// generation as their transaction, and the superblock last, in the slot
+/// that generation selects (the other slot is zeroed). metadata_blocks
+/// becomes the size of the target device, which must be large enough for
+/// the dump's sizes. The result is checked before the command returns.
+/// A device that already holds a valid superblock is refused unless
+/// --force is given.
+#[derive(Args, Debug)]
+#[command(after_long_help = concat!("EXAMPLES\n    dedup dump /dev/vg/meta -o meta.json\n    dedup restore meta.json /dev/vg/bigger-meta\n\n", exit_codes!()))]
+struct RestoreArgs {
+    /// JSON dump written by `dedup dump` ("-" for stdin).
+    input: PathBuf,
+    /// Metadata device or image file to write.
+    device: PathBuf,
+    /// Overwrite a device that holds a valid dm-dedup superblock.
+    #[arg(long)]
+    force: bool,
+    /// Generation to write instead of the dump's.
+    #[arg(long, value_name = "N")]
+    generation: Option<u64>,
+}
+
+/// Estimate the savings of deduplicating files or devices.
+///
+/// Reads every input sequentially in large chunks, on all cores, hashes
+/// each 4 KiB block with SHA-256 and counts, for every block size asked
+/// for, the total, all-zero and distinct non-zero blocks. All inputs form
+/// one pool, as if they were stored on one dedup device. Prints the savings
+/// at each block size and what dm-dedup (4 KiB blocks) would need: the
+/// data device (one block per distinct non-zero block), the metadata device
+/// (the kernel's minimum for these sizes) and RAM (index and bitmaps).
+///
+/// Rules: blocks start at offset 0 of each input; a trailing partial block
+/// is padded with zeros; all-zero blocks are not stored by the target and
+/// count as saved; blocks larger than 4 KiB are equal when all their 4 KiB
+/// parts are. Progress goes to stderr when it is a terminal.
+#[derive(Args, Debug)]
+#[command(after_long_help = concat!("EXAMPLES\n    dedup estimate /var/lib/libvirt/images/*.qcow2\n    dedup estimate /dev/sdb --block-sizes 4K,64K --json\n\n", exit_codes!()))]
+struct EstimateArgs {
+    /// Files or block devices to scan.
+    #[arg(required = true, value_name = "INPUT")]
+    inputs: Vec<PathBuf>,
+    /// Print JSON (see README.md for the schema).
+    #[arg(long)]
+    json: bool,
+    /// Block sizes to report, comma separated, multiples of 4096 up to 1M
+    /// (K and M suffixes allowed).
+    #[arg(long, value_name = "LIST", default_value = "4096,8192,16384,32768", value_parser = parse_block_sizes)]
+    block_sizes: BlockSizes,
+    /// Show progress on stderr even when it is not a terminal.
+    #[arg(long)]
+    progress: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+}
+
+/// Show the state and counters of an active dedup device.
+///
+/// Runs `dmsetup status NAME` and `dmsetup message NAME 0 stats` and
+/// prints the mode, used and free data and metadata space, mapped blocks,
+/// dedup ratio, savings and the write counters.
+#[derive(Args, Debug)]
+#[command(after_long_help = concat!("EXAMPLES\n    dedup stats vol\n    dedup stats vol --json\n\n", exit_codes!()))]
+struct StatsArgs {
+    /// Device-mapper name of the dedup device (as in /dev/mapper/NAME).
+    name: String,
+    /// Print JSON (see README.md for the schema).
+    #[arg(long)]
+    json: bool,
+    /// Read the `dmsetup status` output from this file instead of running
+    /// dmsetup (for tests and offline analysis).
+    #[arg(long, value_name = "FILE", hide = true)]
+    status_file: Option<PathBuf>,
+    /// Read the `dmsetup message ... stats` output from this file.
+    #[arg(long, value_name = "FILE", hide = true)]
+    message_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug)]
+struct BlockSizes(Vec<u32>);
+
+fn parse_block_sizes(s: &str) -> Result<BlockSizes, String> {
+    estimate::parse_block_sizes(s).map(BlockSizes)
+}
+
+fn err(cmd: &str, msg: impl std::fmt::Display) {
+    eprintln!("dedup {cmd}: {msg}");
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)
+}
+
+fn run_check(a: CheckArgs) -> i32 {
+    let dev = match FileDev::open(&a.device, false) {
+        Ok(d) => d,
+        Err(e) => {
+            err("check", e);
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let opts = CheckOptions {
+        data_blocks: a.data_blocks,
+        logical_blocks: a.logical_blocks,
+        hash: a.hash,
+        collect: false,
+        max_problems: a.max_problems,
+        dense_limit: None,
+    };
+    let name = a.device.display().to_string();
+    match check::check(&dev, &opts) {
+        Err(fatal) => {
+            if a.json {
+                let _ = print_json(&serde_json::json!({
+                    "device": name, "fatal": fatal.0, "exit_code": EXIT_OPERATIONAL
+                }));
+            }
+            err("check", format!("{name}: {fatal}"));
+            EXIT_OPERATIONAL
+        }
+        Ok((report, _)) => {
+            let code = if report.clean() { EXIT_OK } else { EXIT_ERRORS };
+            let r = if a.json {
+                let mut v = serde_json::to_value(&report).expect("report serializes");
+                v["device"] = name.clone().into();
+                v["exit_code"] = code.into();
+                print_json(&v)
+            } else {
+                std::io::stdout()
+                    .lock()
+                    .write_all(check::render(&report, &name).as_bytes())
+            };
+            if r.is_err() {
+                return EXIT_OPERATIONAL;
+            }
+            code
+        }
+    }
+}
+
+fn run_format(a: FormatArgs) -> i32 {
+    let data_blocks = match (a.data_blocks, &a.data_dev) {
+        (Some(n), _) => n,
+        (None, Some(p)) => match device::size_of(p) {
+            Ok(s) => s >> ondisk::BLOCK_SHIFT,
+            Err(e) => {
+                err("format", format!("{}: {e}", p.display()));
+                return EXIT_OPERATIONAL;
+            }
+        },
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let logical_blocks = match (a.logical_blocks, a.logical_size) {
+        (Some(n), _) => n,
+        (None, Some(bytes)) => {
+            if bytes % ondisk::BLOCK_SIZE as u64 != 0 {
+                err(
+                    "format",
+                    format!("--logical-size {bytes} is not a multiple of 4096 bytes"),
+                );
+                return EXIT_USAGE;
+            }
+            bytes >> ondisk::BLOCK_SHIFT
+        }
+        (None, None) => unreachable!("clap requires one"),
+    };
+    if data_blocks == 0 {
+        err(
+            "format",
+            "the data device must hold at least one 4 KiB block",
+        );
+        return EXIT_USAGE;
+    }
+    if data_blocks > (1 << 40) - 1 {
+        err(
+            "format",
+            format!("{data_blocks} data blocks: the kernel supports at most 2^40 - 1"),
+        );
+        return EXIT_USAGE;
+    }
+    if logical_blocks == 0 {
+        err(
+            "format",
+            "the logical size must be at least one 4 KiB block",
+        );
+        return EXIT_USAGE;
+    }
+    if logical_blocks > u64::MAX >> 12 {
+        err("format", "logical size too large");
+        return EXIT_USAGE;
+    }
+    let Some(fp_size) = ondisk::hash_fp_size(&a.hash) else {
+        err(
+            "format",
+            format!(
+                "unknown hash '{}' (known: sha256, sha384, sha512, sha3-256, sha3-384, sha3-512, \
+                 blake2b-256, blake2b-384, blake2b-512, sm3, sha1, xxhash64, crc32c)",
+                a.hash
+            ),
+        );
+        return EXIT_USAGE;
+    };
+    let mut dev = match FileDev::open(&a.device, true) {
+        Ok(d) => d,
+        Err(e) => {
+            err("format", e);
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let name = a.device.display().to_string();
+    let have = dev.nr_blocks();
+    let need = ondisk::required_blocks(logical_blocks, data_blocks);
+    if have < need {
+        err(
+            "format",
+            format!(
+                "{name} is too small: {} ({have} blocks), needs at least {} ({need} blocks of 4 KiB) \
+                 for {logical_blocks} logical and {data_blocks} data blocks",
+                human_bytes(dev.size_bytes()),
+                human_bytes(need.saturating_mul(4096)),
+            ),
+        );
+        return EXIT_OPERATIONAL;
+    }
+    if !a.force {
+        let slots = check::read_slots(&dev);
+        if let Some(i) = ondisk::pick_superblock(&slots) {
+            let SlotState::Valid(sb) = &slots[i] else {
+                unreachable!()
+            };
+            err(
+                "format",
+                format!(
+                    "{name} already holds dm-dedup metadata (slot {i}, generation {}, {} mapped blocks); \
+                     use --force to overwrite it",
+                    sb.generation(),
+                    sb.mapped_blocks
+                ),
+            );
+            return EXIT_OPERATIONAL;
+        }
+    }
+    let time = a.format_time.unwrap_or_else(now_secs);
+    match writer::format(
+        &mut dev,
+        data_blocks,
+        logical_blocks,
+        &a.hash,
+        fp_size,
+        time,
+    ) {
+        Ok(sb) => {
+            println!(
+                "formatted {name}: {} metadata blocks ({}), {data_blocks} data blocks ({}), \
+                 {logical_blocks} logical blocks ({}), hash {} ({fp_size}-byte fingerprints); \
+                 generation 1 in slot 1",
+                sb.metadata_blocks,
+                human_bytes(sb.metadata_blocks << 12),
+                human_bytes(data_blocks << 12),
+                human_bytes(logical_blocks << 12),
+                a.hash
+            );
+            EXIT_OK
+        }
+        Err(e) => {
+            err("format", format!("{name}: write failed: {e}"));
+            EXIT_OPERATIONAL
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE as u8 } else { 0 });
+        }
+    };
+    let code = match cli.command {
+        Command::Check(a) => run_check(a),
+        Command::Format(a) => run_format(a),
+        Command::Dump(a) => dump::run_dump(&a.device, a.output.as_deref(), a.force),
+        Command::Restore(a) => dump::run_restore(&a.input, &a.device, a.force, a.generation),
+        Command::Estimate(a) => estimate::run(estimate::EstimateConfig {
+            inputs: a.inputs,
+            block_sizes: a.block_sizes.0,
+            json: a.json,
+            progress: a.progress,
+            threads: a.threads,
+        }),
+        Command::Stats(a) => stats::run(
+            &a.name,
+            a.json,
+            a.status_file.as_deref(),
+            a.message_file.as_deref(),
+        ),
+    };
+    ExitCode::from(code as u8)
+}

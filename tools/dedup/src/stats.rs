@@ -1,0 +1,558 @@
+//! `dedup stats`: the state of an active dedup device, from
+//! `dmsetup status` (dedup_status() in dm-dedup-target.c) and
+//! `dmsetup message NAME 0 stats` (dd_message_stats()).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde::Serialize;
+
+use crate::util::*;
+
+/// The STATUSTYPE_INFO line:
+/// `<start> <len> dedup <mode> <txn> <meta used>/<meta total>
+///  <data used>/<data total> <mapped> <unique> <duplicate> <zero>
+///  <discarded> <hash> verify|no_verify discard_passdown|no_discard_passdown`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Status {
+    pub start: u64,
+    pub length: u64,
+    pub mode: String,
+    pub transaction_id: u64,
+    pub metadata_used: u64,
+    pub metadata_total: u64,
+    pub data_used: u64,
+    pub data_total: u64,
+    pub mapped: u64,
+    pub unique_writes: u64,
+    pub duplicate_writes: u64,
+    pub zero_writes: u64,
+    pub discarded: u64,
+    pub hash: String,
+    pub verify: bool,
+    pub discard_passdown: bool,
+}
+
+fn num(s: &str, what: &str) -> Result<u64, String> {
+    s.parse()
+        .map_err(|_| format!("{what}: '{s}' is not a number"))
+}
+
+fn ratio(s: &str, what: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{what}: '{s}' is not used/total"))?;
+    Ok((num(a, what)?, num(b, what)?))
+}
+
+/// Parse one status line (with or without a leading "NAME: " as dmsetup
+/// prints when listing several devices).
+pub fn parse_status_line(line: &str) -> Result<Status, String> {
+    let line = line.trim();
+    let body = match line.split_once(": ") {
+        Some((_, rest)) if !line.starts_with(|c: char| c.is_ascii_digit()) => rest,
+        _ => line,
+    };
+    let f: Vec<&str> = body.split_whitespace().collect();
+    if f.len() < 3 {
+        return Err(format!("status line too short: '{line}'"));
+    }
+    if f[2] != "dedup" {
+        return Err(format!("target type is '{}', not dedup", f[2]));
+    }
+    if f.len() < 15 {
+        return Err(format!(
+            "dedup status has {} fields, expected 12: '{line}'",
+            f.len() - 3
+        ));
+    }
+    let (metadata_used, metadata_total) = ratio(f[5], "metadata blocks")?;
+    let (data_used, data_total) = ratio(f[6], "data blocks")?;
+    let verify = match f[13] {
+        "verify" => true,
+        "no_verify" => false,
+        o => return Err(format!("verify field: unexpected '{o}'")),
+    };
+    let discard_passdown = match f[14] {
+        "discard_passdown" => true,
+        "no_discard_passdown" => false,
+        o => return Err(format!("discard field: unexpected '{o}'")),
+    };
+    Ok(Status {
+        start: num(f[0], "start")?,
+        length: num(f[1], "length")?,
+        mode: f[3].to_string(),
+        transaction_id: num(f[4], "transaction id")?,
+        metadata_used,
+        metadata_total,
+        data_used,
+        data_total,
+        mapped: num(f[7], "mapped")?,
+        unique_writes: num(f[8], "unique writes")?,
+        duplicate_writes: num(f[9], "duplicate writes")?,
+        zero_writes: num(f[10], "zero writes")?,
+        discarded: num(f[11], "discarded")?,
+        hash: f[12].to_string(),
+        verify,
+        discard_passdown,
+    })
+}
+
+/// Every dedup segment of a `dmsetup status NAME` output.
+pub fn parse_status(out: &str) -> Result<Vec<Status>, String> {
+    let mut v = Vec::new();
+    let mut other = None;
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        match parse_status_line(line) {
+            Ok(s) => v.push(s),
+            Err(e) if e.starts_with("target type") => other = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    if v.is_empty() {
+        return Err(other.unwrap_or_else(|| "empty status".into()));
+    }
+    Ok(v)
+}
+
+/// The `stats` message result: one `key value` per line (`key=value` and
+/// `key: value` are accepted too).
+pub fn parse_message(out: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut m = BTreeMap::new();
+    for line in out.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .or_else(|| line.split_once(':'))
+            .or_else(|| line.split_once(char::is_whitespace))
+            .ok_or_else(|| format!("stats line without a value: '{line}'"))?;
+        m.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    if m.is_empty() {
+        return Err("empty stats message".into());
+    }
+    Ok(m)
+}
+
+/// What `dedup stats` shows, derived from both outputs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stats {
+    pub name: String,
+    pub mode: String,
+    pub transaction_id: u64,
+    pub logical_blocks: u64,
+    pub mapped_blocks: u64,
+    pub data_blocks_total: u64,
+    pub data_blocks_used: u64,
+    pub data_blocks_free: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_blocks_live: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_blocks_pending_free: Option<u64>,
+    pub metadata_blocks_total: u64,
+    pub metadata_blocks_used: u64,
+    pub metadata_blocks_free: u64,
+    /// mapped / live physical blocks.
+    pub dedup_ratio: f64,
+    /// Share of the mapped logical data not stored thanks to sharing:
+    /// 100 * (1 - live / mapped).
+    pub space_savings_percent: f64,
+    /// Share of written blocks that were not stored (duplicates and
+    /// zeros): 100 * (written - unique) / written.
+    pub write_savings_percent: f64,
+    pub unique_writes: u64,
+    pub duplicate_writes: u64,
+    pub zero_writes: u64,
+    pub discarded_blocks: u64,
+    pub hash: String,
+    pub verify: bool,
+    pub discard_passdown: bool,
+    /// Every counter of the stats message, as given.
+    pub counters: BTreeMap<String, serde_json::Value>,
+}
+
+pub fn combine(name: &str, st: &Status, msg: Option<&BTreeMap<String, String>>) -> Stats {
+    let get = |k: &str| {
+        msg.and_then(|m| m.get(k))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let live = get("data_blocks_live");
+    let logical_blocks = get("logical_blocks").unwrap_or(st.length / 8);
+    let dedup_ratio = match (get("dedup_ratio_x100"), live) {
+        (_, Some(l)) if l > 0 => st.mapped as f64 / l as f64,
+        (Some(x), _) => x as f64 / 100.0,
+        _ => 1.0,
+    };
+    let space_savings_percent = match live {
+        Some(l) if st.mapped > 0 => 100.0 * (1.0 - l as f64 / st.mapped as f64),
+        _ if dedup_ratio > 0.0 => 100.0 * (1.0 - 1.0 / dedup_ratio),
+        _ => 0.0,
+    };
+    let written = st.unique_writes + st.duplicate_writes + st.zero_writes;
+    let write_savings_percent = if written > 0 {
+        100.0 * (written - st.unique_writes) as f64 / written as f64
+    } else {
+        0.0
+    };
+    let counters = msg
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    let jv = v
+                        .parse::<i64>()
+                        .map(serde_json::Value::from)
+                        .or_else(|_| v.parse::<u64>().map(serde_json::Value::from))
+                        .unwrap_or_else(|_| serde_json::Value::from(v.clone()));
+                    (k.clone(), jv)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Stats {
+        name: name.to_string(),
+        mode: st.mode.clone(),
+        transaction_id: st.transaction_id,
+        logical_blocks,
+        mapped_blocks: st.mapped,
+        data_blocks_total: st.data_total,
+        data_blocks_used: st.data_used,
+        data_blocks_free: st.data_total.saturating_sub(st.data_used),
+        data_blocks_live: live,
+        data_blocks_pending_free: get("data_blocks_pending_free"),
+        metadata_blocks_total: st.metadata_total,
+        metadata_blocks_used: st.metadata_used,
+        metadata_blocks_free: st.metadata_total.saturating_sub(st.metadata_used),
+        dedup_ratio,
+        space_savings_percent,
+        write_savings_percent,
+        unique_writes: st.unique_writes,
+        duplicate_writes: st.duplicate_writes,
+        zero_writes: st.zero_writes,
+        discarded_blocks: st.discarded,
+        hash: st.hash.clone(),
+        verify: st.verify,
+        discard_passdown: st.discard_passdown,
+        counters,
+    }
+}
+
+fn pct(a: u64, b: u64) -> String {
+    if b == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * a as f64 / b as f64)
+    }
+}
+
+/// The human table.
+pub fn render(s: &Stats) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let blk = |n: u64| format!("{n} ({})", human_bytes(n.saturating_mul(4096)));
+    let mut row = |k: &str, v: String| {
+        let _ = writeln!(o, "{k:<26} {v}");
+    };
+    row("device", s.name.clone());
+    row("mode", s.mode.clone());
+    row("transaction", s.transaction_id.to_string());
+    row("logical blocks", blk(s.logical_blocks));
+    row(
+        "mapped blocks",
+        format!(
+            "{} ({} of logical)",
+            blk(s.mapped_blocks),
+            pct(s.mapped_blocks, s.logical_blocks)
+        ),
+    );
+    row(
+        "data blocks used",
+        format!(
+            "{} of {} ({})",
+            blk(s.data_blocks_used),
+            blk(s.data_blocks_total),
+            pct(s.data_blocks_used, s.data_blocks_total)
+        ),
+    );
+    row("data blocks free", blk(s.data_blocks_free));
+    if let Some(l) = s.data_blocks_live {
+        row("data blocks live", blk(l));
+    }
+    if let Some(p) = s.data_blocks_pending_free {
+        row("data blocks pending free", p.to_string());
+    }
+    row(
+        "metadata blocks used",
+        format!(
+            "{} of {} ({})",
+            blk(s.metadata_blocks_used),
+            blk(s.metadata_blocks_total),
+            pct(s.metadata_blocks_used, s.metadata_blocks_total)
+        ),
+    );
+    row("metadata blocks free", blk(s.metadata_blocks_free));
+    row("dedup ratio", format!("{:.2}", s.dedup_ratio));
+    row("space savings", format!("{:.1}%", s.space_savings_percent));
+    row("write savings", format!("{:.1}%", s.write_savings_percent));
+    row("unique writes", s.unique_writes.to_string());
+    row("duplicate writes", s.duplicate_writes.to_string());
+    row("zero writes", s.zero_writes.to_string());
+    row("discarded blocks", s.discarded_blocks.to_string());
+    row(
+        "hash",
+        format!(
+            "{}{}{}",
+            s.hash,
+            if s.verify { ", verify" } else { "" },
+            if s.discard_passdown {
+                ", discard_passdown"
+            } else {
+                ""
+            }
+        ),
+    );
+    const SHOWN: [&str; 18] = [
+        "mode",
+        "transaction_id",
+        "logical_blocks",
+        "mapped_blocks",
+        "data_blocks_total",
+        "data_blocks_used",
+        "data_blocks_live",
+        "data_blocks_pending_free",
+        "metadata_blocks_total",
+        "metadata_blocks_used",
+        "unique_writes",
+        "duplicate_writes",
+        "zero_writes",
+        "discarded_blocks",
+        "dedup_ratio_x100",
+        "write_savings_x100",
+        "hash",
+        "index_bytes",
+    ];
+    if let Some(serde_json::Value::Number(b)) = s.counters.get("index_bytes") {
+        let b = b.as_u64().unwrap_or(0);
+        let per = s
+            .counters
+            .get("index_bytes_per_data_block_x100")
+            .and_then(|v| v.as_u64())
+            .map(|x| format!(", {:.2} bytes per data block", x as f64 / 100.0))
+            .unwrap_or_default();
+        row("index memory", format!("{}{per}", human_bytes(b)));
+    }
+    for (k, v) in &s.counters {
+        if SHOWN.contains(&k.as_str()) || k == "index_bytes_per_data_block_x100" {
+            continue;
+        }
+        let v = match v {
+            serde_json::Value::String(x) => x.clone(),
+            o => o.to_string(),
+        };
+        row(&k.replace('_', " "), v);
+    }
+    o
+}
+
+fn dmsetup(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("dmsetup")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run dmsetup: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "dmsetup {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn run(name: &str, json: bool, status_file: Option<&Path>, message_file: Option<&Path>) -> i32 {
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let status = match status_file {
+        Some(p) => read(p),
+        None => dmsetup(&["status", name]),
+    };
+    let status = match status.and_then(|s| parse_status(&s)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dedup stats: {name}: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let message = match (message_file, status_file) {
+        (Some(p), _) => read(p),
+        (None, Some(_)) => Err("no stats message given".into()),
+        (None, None) => dmsetup(&["message", name, "0", "stats"]),
+    };
+    let msg = match message.and_then(|m| parse_message(&m)) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            eprintln!(
+                "dedup stats: {name}: stats message unavailable ({e}); showing the status only"
+            );
+            None
+        }
+    };
+    if status.len() > 1 {
+        eprintln!(
+            "dedup stats: {name}: {} dedup segments; showing the first",
+            status.len()
+        );
+    }
+    let s = combine(name, &status[0], msg.as_ref());
+    if json {
+        match serde_json::to_string_pretty(&s) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("dedup stats: {e}");
+                return EXIT_OPERATIONAL;
+            }
+        }
+    } else {
+        print!("{}", render(&s));
+    }
+    EXIT_OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What dedup_status() emits for STATUSTYPE_INFO, behind dmsetup's
+    /// "<start> <length> <target>" prefix.
+    const STATUS: &str =
+        "0 2097152 dedup rw 42 130/16384 5000/262144 9000 5000 3500 500 200 sha256 no_verify no_discard_passdown\n";
+
+    /// What dd_message_stats() emits (DMEMIT "key value\n" lines).
+    const MESSAGE: &str = "mode rw
+transaction_id 42
+logical_blocks 262144
+mapped_blocks 9000
+data_blocks_total 262144
+data_blocks_used 5000
+data_blocks_live 4500
+data_blocks_pending_free 500
+metadata_blocks_total 16384
+metadata_blocks_used 130
+unique_writes 5000
+duplicate_writes 3500
+zero_writes 500
+discarded_blocks 200
+dedup_ratio_x100 200
+write_savings_x100 4444
+index_bytes 2621568
+index_bytes_per_data_block_x100 1000
+index_entries 4500
+index_full 0
+verify_mismatches 0
+nospc_errors 0
+data_write_errors 0
+deferred_reads 17
+discard_passdown_blocks 0
+hash sha256
+";
+
+    #[test]
+    fn status_line() {
+        let s = parse_status(STATUS).unwrap();
+        assert_eq!(s.len(), 1);
+        let s = &s[0];
+        assert_eq!(s.length, 2097152);
+        assert_eq!(s.mode, "rw");
+        assert_eq!(s.transaction_id, 42);
+        assert_eq!((s.metadata_used, s.metadata_total), (130, 16384));
+        assert_eq!((s.data_used, s.data_total), (5000, 262144));
+        assert_eq!(s.mapped, 9000);
+        assert_eq!(
+            (
+                s.unique_writes,
+                s.duplicate_writes,
+                s.zero_writes,
+                s.discarded
+            ),
+            (5000, 3500, 500, 200)
+        );
+        assert_eq!(s.hash, "sha256");
+        assert!(!s.verify && !s.discard_passdown);
+    }
+
+    #[test]
+    fn status_variants() {
+        let s = parse_status_line(
+            "vol: 0 8 dedup needs_check 1 2/100 0/10 0 0 0 0 0 xxhash64 verify discard_passdown",
+        )
+        .unwrap();
+        assert_eq!(s.mode, "needs_check");
+        assert!(s.verify && s.discard_passdown);
+        assert!(parse_status("0 100 linear 8:0 0\n")
+            .unwrap_err()
+            .contains("not dedup"));
+        assert!(parse_status("0 8 dedup rw 1 2/100 0/10 0 0\n").is_err());
+        assert!(
+            parse_status("0 8 dedup rw x 2/100 0/10 0 0 0 0 0 sha256 verify discard_passdown")
+                .is_err()
+        );
+        assert!(
+            parse_status("0 8 dedup rw 1 2-100 0/10 0 0 0 0 0 sha256 verify discard_passdown")
+                .is_err()
+        );
+        assert!(
+            parse_status("0 8 dedup rw 1 2/100 0/10 0 0 0 0 0 sha256 maybe discard_passdown")
+                .is_err()
+        );
+        assert!(parse_status("").is_err());
+    }
+
+    #[test]
+    fn message_and_derived_numbers() {
+        let m = parse_message(MESSAGE).unwrap();
+        assert_eq!(m["deferred_reads"], "17");
+        assert_eq!(m["hash"], "sha256");
+        let st = &parse_status(STATUS).unwrap()[0];
+        let s = combine("vol", st, Some(&m));
+        assert_eq!(s.logical_blocks, 262144);
+        assert_eq!(s.data_blocks_free, 257144);
+        assert_eq!(s.data_blocks_live, Some(4500));
+        assert!((s.dedup_ratio - 2.0).abs() < 1e-9);
+        assert!((s.space_savings_percent - 50.0).abs() < 1e-9);
+        assert!((s.write_savings_percent - 44.444).abs() < 0.01);
+        assert_eq!(s.counters["index_full"], serde_json::json!(0));
+        let text = render(&s);
+        assert!(text.contains("dedup ratio                2.00"), "{text}");
+        assert!(text.contains("deferred reads             17"), "{text}");
+        assert!(
+            text.contains("index memory               2.5 MiB, 10.00 bytes per data block"),
+            "{text}"
+        );
+        let j = serde_json::to_value(&s).unwrap();
+        assert_eq!(j["mapped_blocks"], 9000);
+        assert_eq!(j["counters"]["hash"], "sha256");
+    }
+
+    #[test]
+    fn message_forms() {
+        let m = parse_message("a=1\nb: 2\nc 3\n\n").unwrap();
+        assert_eq!(
+            (m["a"].as_str(), m["b"].as_str(), m["c"].as_str()),
+            ("1", "2", "3")
+        );
+        assert!(parse_message("\n").is_err());
+        assert!(parse_message("lonely\n").is_err());
+    }
+
+    #[test]
+    fn status_only() {
+        let st = &parse_status(STATUS).unwrap()[0];
+        let s = combine("vol", st, None);
+        assert_eq!(s.logical_blocks, 262144);
+        assert_eq!(s.dedup_ratio, 1.0);
+        assert_eq!(s.data_blocks_live, None);
+        assert!(!render(&s).is_empty());
+    }
+}

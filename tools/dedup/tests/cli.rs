@@ -1,0 +1,598 @@
+//! End-to-end tests of the `dedup` binary on image files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dedup_tools::device::{BlockDev, MemDev};
+use dedup_tools::ondisk::*;
+use dedup_tools::writer::{test_fingerprint, write_image, ImageSpec};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dedup");
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("dedup-cli-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dedup(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap()
+}
+
+fn out(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn sized_file(p: &Path, bytes: u64) {
+    let f = fs::File::create(p).unwrap();
+    f.set_len(bytes).unwrap();
+}
+
+/// A consistent image with some sharing, written to `p`.
+fn sample_image(p: &Path) -> ImageSpec {
+    let (logical, data) = (10_000u64, 3_000u64);
+    let blocks = required_blocks(logical, data) + 10;
+    let mut sb = Superblock::new_formatted(blocks, data, logical, "sha256", 32, 1_700_000_000);
+    sb.header.txn = 12;
+    sb.unique_writes = 900;
+    sb.duplicate_writes = 2100;
+    sb.zero_writes = 5;
+    sb.discarded_blocks = 7;
+    let maps: Vec<(u64, u64)> = (0..3000u64).map(|i| (i * 3, (i * 7) % 900)).collect();
+    let spec = ImageSpec::consistent(sb, &maps, test_fingerprint);
+    let mut d = MemDev::new(blocks);
+    write_image(&mut d, &spec).unwrap();
+    fs::write(p, &d.bytes).unwrap();
+    spec
+}
+
+#[test]
+fn help_for_every_subcommand() {
+    for sub in ["check", "format", "dump", "restore", "estimate", "stats"] {
+        let o = dedup(&[sub, "--help"]);
+        assert_eq!(code(&o), 0, "{sub}");
+        assert!(out(&o).contains("EXIT STATUS"), "{sub}");
+    }
+    let o = dedup(&["--help"]);
+    assert_eq!(code(&o), 0);
+    assert!(!out(&o).contains("repair"));
+}
+
+#[test]
+fn usage_errors_exit_16() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["check"],
+        &["format", "x"],
+        &["format", "x", "--data-blocks", "1", "--logical-size", "5Q"],
+        &[
+            "format",
+            "x",
+            "--data-blocks",
+            "1",
+            "--logical-blocks",
+            "1",
+            "--data-dev",
+            "y",
+        ],
+        &["check", "x", "--max-problems", "-1"],
+        &["estimate", "x", "--block-sizes", "1000"],
+    ] {
+        let o = dedup(args);
+        assert_eq!(code(&o), 16, "{args:?}: {}", err(&o));
+    }
+    let t = TempDir::new("usage");
+    let m = t.path("meta");
+    sized_file(&m, 1 << 20);
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "10",
+        "--logical-size",
+        "4097",
+    ]);
+    assert_eq!(code(&o), 16, "{}", err(&o));
+    assert!(err(&o).contains("not a multiple of 4096"));
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "10",
+        "--logical-blocks",
+        "10",
+        "--hash",
+        "md5",
+    ]);
+    assert_eq!(code(&o), 16);
+    assert!(err(&o).contains("unknown hash"));
+}
+
+#[test]
+fn format_then_check() {
+    let t = TempDir::new("format");
+    let m = t.path("meta");
+    sized_file(&m, 4 << 20);
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "5000",
+        "--logical-blocks",
+        "20000",
+    ]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(out(&o).contains("generation 1 in slot 1"));
+
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 0, "{}{}", out(&o), err(&o));
+    assert!(out(&o).contains("superblock slot 0: zero"));
+    assert!(out(&o).contains("superblock slot 1: valid, generation 1"));
+    assert!(out(&o).contains("result: clean"));
+
+    let o = dedup(&[
+        "check",
+        s(&m),
+        "--json",
+        "--data-blocks",
+        "5000",
+        "--logical-blocks",
+        "20000",
+        "--hash",
+        "sha256",
+    ]);
+    assert_eq!(code(&o), 0);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(j["exit_code"], 0);
+    assert_eq!(j["superblock"]["data_blocks"], 5000);
+    assert_eq!(j["superblock"]["metadata_blocks"], 1024);
+    assert_eq!(j["summary"]["metadata_blocks_used"], 2);
+    assert_eq!(j["slots"][0]["state"], "zero");
+
+    // The table disagrees: errors.
+    let o = dedup(&["check", s(&m), "--data-blocks", "5001"]);
+    assert_eq!(code(&o), 4);
+    assert!(out(&o).contains("data device size differs"));
+
+    // Formatting again needs --force.
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "5000",
+        "--logical-blocks",
+        "20000",
+    ]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("already holds dm-dedup metadata"));
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "6000",
+        "--logical-blocks",
+        "20000",
+        "--force",
+    ]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+}
+
+#[test]
+fn format_from_sizes_and_too_small() {
+    let t = TempDir::new("format-sizes");
+    let m = t.path("meta");
+    let data = t.path("data");
+    sized_file(&data, (1 << 30) + 1000);
+    sized_file(&m, 64 << 20);
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-dev",
+        s(&data),
+        "--logical-size",
+        "4G",
+        "--format-time",
+        "1000",
+    ]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let o = dedup(&["check", s(&m), "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(j["superblock"]["data_blocks"], 262144);
+    assert_eq!(j["superblock"]["logical_blocks"], 1 << 20);
+    assert_eq!(j["superblock"]["format_time"], 1000);
+    assert_eq!(j["superblock"]["hash"], "sha256");
+    assert_eq!(j["superblock"]["fp_size"], 32);
+
+    let small = t.path("small");
+    sized_file(&small, 1 << 20);
+    let o = dedup(&[
+        "format",
+        s(&small),
+        "--data-dev",
+        s(&data),
+        "--logical-size",
+        "4G",
+    ]);
+    assert_eq!(code(&o), 8);
+    let need = required_blocks(1 << 20, 262144);
+    assert!(
+        err(&o).contains(&format!("({need} blocks of 4 KiB)")),
+        "{}",
+        err(&o)
+    );
+}
+
+#[test]
+fn format_is_byte_identical_to_dd_format() {
+    // What dd_format() + dd_bm_write_super() leave on a zeroed device,
+    // written out field by field from dedup-format.h.
+    let t = TempDir::new("format-bytes");
+    let m = t.path("meta");
+    sized_file(&m, 100 * 4096);
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "9",
+        "--logical-blocks",
+        "17",
+        "--format-time",
+        "1234567890",
+    ]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let got = fs::read(&m).unwrap();
+    let mut want = vec![0u8; 100 * 4096];
+    let sb = &mut want[4096..8192];
+    sb[4..8].copy_from_slice(b"SUPR");
+    sb[8..16].copy_from_slice(&1u64.to_le_bytes()); // blocknr = slot 1
+    sb[16..24].copy_from_slice(&1u64.to_le_bytes()); // txn = generation 1
+    sb[32..40].copy_from_slice(b"DDEDUP01");
+    sb[40..44].copy_from_slice(&1u32.to_le_bytes());
+    sb[44..48].copy_from_slice(&4096u32.to_le_bytes());
+    sb[48..56].copy_from_slice(&100u64.to_le_bytes());
+    sb[56..64].copy_from_slice(&9u64.to_le_bytes());
+    sb[64..72].copy_from_slice(&17u64.to_le_bytes());
+    sb[72..78].copy_from_slice(b"sha256");
+    sb[104..108].copy_from_slice(&32u32.to_le_bytes());
+    sb[184..192].copy_from_slice(&1234567890u64.to_le_bytes());
+    let c = dedup_tools::crc32c::crc32c(&sb[4..]);
+    sb[0..4].copy_from_slice(&c.to_le_bytes());
+    assert!(got == want, "format output differs from the kernel layout");
+}
+
+#[test]
+fn check_finds_damage_and_refuses_non_dedup() {
+    let t = TempDir::new("damage");
+    let m = t.path("meta");
+    sample_image(&m);
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    assert!(out(&o).contains("mapped logical blocks: 3000, live physical blocks: 900"));
+
+    // Flip a byte in every tree block's payload in turn: always exit 4.
+    let bytes = fs::read(&m).unwrap();
+    let used = {
+        let o = dedup(&["check", s(&m), "--json"]);
+        let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        j["summary"]["metadata_blocks_used"].as_u64().unwrap()
+    };
+    for b in 2..used {
+        let mut x = bytes.clone();
+        x[(b as usize) * 4096 + 1000] ^= 0x10;
+        fs::write(&m, &x).unwrap();
+        let o = dedup(&["check", s(&m), "--json"]);
+        assert_eq!(code(&o), 4, "block {b}");
+        let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        let p = &j["problems"][0];
+        assert_eq!(p["code"], "bad_checksum");
+        assert_eq!(p["block"], b);
+    }
+
+    // Garbage, text, an empty and a missing file: operational errors.
+    let mut x = 88172645463325252u64;
+    let garbage: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    fs::write(&m, &garbage).unwrap();
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 8);
+    assert_eq!(err(&o).lines().count(), 1);
+    assert!(err(&o).contains("not a dm-dedup metadata device"));
+    fs::write(&m, b"").unwrap();
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("too small"));
+    let o = dedup(&["check", s(&t.path("nope"))]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("No such file"));
+    let o = dedup(&["check", s(&t.0)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("not a block device or a regular file"));
+
+    // Truncated.
+    fs::write(&m, &bytes[..30 * 4096]).unwrap();
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 8);
+    assert_eq!(err(&o).lines().count(), 1);
+    assert!(err(&o).contains("truncated"));
+}
+
+#[test]
+fn dump_restore_round_trip() {
+    let t = TempDir::new("dump");
+    let m = t.path("meta");
+    let spec = sample_image(&m);
+    let j1 = t.path("d1.json");
+    let o = dedup(&["dump", s(&m), "-o", s(&j1)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let text = fs::read_to_string(&j1).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(d["format"], "dm-dedup-metadata-dump");
+    assert_eq!(d["superblock"]["generation"], 12);
+    assert_eq!(d["superblock"]["duplicate_writes"], 2100);
+    assert_eq!(d["mappings"].as_array().unwrap().len(), 3000);
+    assert_eq!(d["mappings"][1], serde_json::json!({"lba": 3, "pba": 7}));
+    assert_eq!(d["blocks"].as_array().unwrap().len(), 900);
+    assert_eq!(d["blocks"][0]["refcount"], 4);
+    assert_eq!(
+        d["blocks"][5]["fingerprint"],
+        dedup_tools::util::hex(&test_fingerprint(5))
+    );
+
+    // Restore onto a bigger device, check, dump again: same content.
+    let m2 = t.path("meta2");
+    sized_file(&m2, fs::metadata(&m).unwrap().len() + (1 << 20));
+    let o = dedup(&["restore", s(&j1), s(&m2)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(out(&o).contains("generation 12 in slot 0"));
+    let o = dedup(&["check", s(&m2)]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    let o = dedup(&["dump", s(&m2)]);
+    assert_eq!(code(&o), 0);
+    let d2: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(d2["mappings"], d["mappings"]);
+    assert_eq!(d2["blocks"], d["blocks"]);
+    let mut s1 = d["superblock"].clone();
+    let mut s2 = d2["superblock"].clone();
+    s1["metadata_blocks"] = 0.into();
+    s2["metadata_blocks"] = 0.into();
+    assert_eq!(s1, s2);
+    assert_eq!(
+        d2["superblock"]["metadata_blocks"],
+        fs::metadata(&m2).unwrap().len() / 4096
+    );
+
+    // The restored trees are laid out from block 2 like the writer's.
+    let bytes = fs::read(&m2).unwrap();
+    let dev = MemDev::from_bytes(bytes);
+    assert_eq!(dev.nr_blocks(), fs::metadata(&m2).unwrap().len() / 4096);
+    let mut mem = MemDev::new(dev.nr_blocks());
+    let mut sp = spec.clone();
+    sp.sb.metadata_blocks = dev.nr_blocks();
+    write_image(&mut mem, &sp).unwrap();
+    assert!(
+        mem.bytes == dev.bytes,
+        "restore differs from the writer's image"
+    );
+
+    // Restoring over valid metadata needs --force; another generation.
+    let o = dedup(&["restore", s(&j1), s(&m2)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("--force"));
+    let o = dedup(&["restore", s(&j1), s(&m2), "--force", "--generation", "1"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(out(&o).contains("generation 1 in slot 1"));
+    let o = dedup(&["check", s(&m2)]);
+    assert_eq!(code(&o), 0);
+}
+
+#[test]
+fn restore_refuses_inconsistent_dumps() {
+    let t = TempDir::new("restore-bad");
+    let m = t.path("meta");
+    sample_image(&m);
+    let o = dedup(&["dump", s(&m)]);
+    let good: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    let target = t.path("target");
+    sized_file(&target, fs::metadata(&m).unwrap().len());
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (
+            Box::new(|d| d["blocks"][0]["refcount"] = 5.into()),
+            "refcount 5 but 4 mappings",
+        ),
+        (
+            Box::new(|d| d["mappings"][0]["lba"] = 3.into()),
+            "lba 3 is mapped twice",
+        ),
+        (
+            Box::new(|d| d["mappings"][0]["pba"] = 5000.into()),
+            "beyond data_blocks",
+        ),
+        (
+            Box::new(|d| d["superblock"]["mapped_blocks"] = 1.into()),
+            "mapped_blocks is 1",
+        ),
+        (
+            Box::new(|d| d["blocks"][1]["fingerprint"] = "00".into()),
+            "all zero",
+        ),
+        (
+            Box::new(|d| d["blocks"][1]["fingerprint"] = "xyz".into()),
+            "hex digits",
+        ),
+        (
+            Box::new(|d| {
+                d["blocks"].as_array_mut().unwrap().remove(3);
+                d["superblock"]["used_data_blocks"] = 899.into();
+            }),
+            "no block record",
+        ),
+        (
+            Box::new(|d| d["format"] = "something".into()),
+            "format is 'something'",
+        ),
+    ];
+    for (f, want) in cases {
+        let mut d = good.clone();
+        f(&mut d);
+        let p = t.path("bad.json");
+        fs::write(&p, serde_json::to_string(&d).unwrap()).unwrap();
+        let o = dedup(&["restore", s(&p), s(&target)]);
+        assert_eq!(code(&o), 8, "{want}");
+        assert!(err(&o).contains(want), "{want}: {}", err(&o));
+    }
+    let p = t.path("bad.json");
+    fs::write(&p, "{ not json").unwrap();
+    let o = dedup(&["restore", s(&p), s(&target)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("not a valid dump"));
+    // Too small a target.
+    let small = t.path("small");
+    sized_file(&small, 8 * 4096);
+    fs::write(&p, serde_json::to_string(&good).unwrap()).unwrap();
+    let o = dedup(&["restore", s(&p), s(&small)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("too small"));
+}
+
+#[test]
+fn dump_refuses_damaged_metadata_unless_forced() {
+    let t = TempDir::new("dump-bad");
+    let m = t.path("meta");
+    sample_image(&m);
+    let mut bytes = fs::read(&m).unwrap();
+    bytes[2 * 4096 + 100] ^= 1; // first map leaf
+    fs::write(&m, &bytes).unwrap();
+    let o = dedup(&["dump", s(&m)]);
+    assert_eq!(code(&o), 4);
+    assert!(err(&o).contains("checksum mismatch"));
+    assert!(out(&o).is_empty());
+    let o = dedup(&["dump", s(&m), "--force"]);
+    assert_eq!(code(&o), 4);
+    let d: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(d["blocks"].as_array().unwrap().len(), 900);
+    assert!(d["mappings"].as_array().unwrap().len() < 3000);
+}
+
+#[test]
+fn stats_from_saved_outputs() {
+    let t = TempDir::new("stats");
+    let st = t.path("status");
+    let msg = t.path("msg");
+    fs::write(
+        &st,
+        "0 8388608 dedup rw 7 300/65536 1000/262144 4000 1000 3000 10 0 sha256 verify no_discard_passdown\n",
+    )
+    .unwrap();
+    fs::write(
+        &msg,
+        "mode rw\ntransaction_id 7\nlogical_blocks 1048576\nmapped_blocks 4000\ndata_blocks_total 262144\n\
+         data_blocks_used 1000\ndata_blocks_live 1000\ndata_blocks_pending_free 0\nmetadata_blocks_total 65536\n\
+         metadata_blocks_used 300\nunique_writes 1000\nduplicate_writes 3000\nzero_writes 10\ndiscarded_blocks 0\n\
+         dedup_ratio_x100 400\nwrite_savings_x100 7512\nindex_bytes 2621568\nindex_bytes_per_data_block_x100 1000\n\
+         index_entries 1000\nindex_full 0\nverify_mismatches 2\nnospc_errors 0\ndata_write_errors 0\n\
+         deferred_reads 0\ndiscard_passdown_blocks 0\nhash sha256\n",
+    )
+    .unwrap();
+    let o = dedup(&[
+        "stats",
+        "vol",
+        "--status-file",
+        s(&st),
+        "--message-file",
+        s(&msg),
+    ]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let text = out(&o);
+    assert!(text.contains("dedup ratio                4.00"), "{text}");
+    assert!(text.contains("space savings              75.0%"), "{text}");
+    assert!(text.contains("verify mismatches          2"), "{text}");
+    let o = dedup(&[
+        "stats",
+        "vol",
+        "--json",
+        "--status-file",
+        s(&st),
+        "--message-file",
+        s(&msg),
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(j["data_blocks_free"], 261144);
+    assert_eq!(j["verify"], true);
+    fs::write(&st, "0 100 linear 8:1 0\n").unwrap();
+    let o = dedup(&["stats", "vol", "--status-file", s(&st)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("not dedup"));
+}
+
+#[test]
+fn estimate_files() {
+    let t = TempDir::new("estimate");
+    let a = t.path("a");
+    let b = t.path("b");
+    let blk = |seed: u8| vec![seed; 4096];
+    let mut x = Vec::new();
+    for i in 0..64u8 {
+        x.extend(blk(i % 16 + 1));
+    }
+    x.extend(vec![0u8; 4096 * 16]);
+    fs::write(&a, &x).unwrap();
+    fs::write(&b, &x[..4096 * 8 + 10]).unwrap();
+    let o = dedup(&[
+        "estimate",
+        s(&a),
+        s(&b),
+        "--json",
+        "--block-sizes",
+        "4K,16K",
+    ]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    let r4 = &j["block_sizes"][0];
+    assert_eq!(r4["block_size"], 4096);
+    assert_eq!(r4["total_blocks"], 80 + 9);
+    assert_eq!(r4["zero_blocks"], 16);
+    // 16 distinct fills plus the padded 10-byte tail.
+    assert_eq!(r4["unique_blocks"], 17);
+    assert_eq!(j["target"]["data_blocks"], 17);
+    assert_eq!(j["target"]["logical_blocks"], 89);
+    let o = dedup(&["estimate", s(&a)]);
+    assert_eq!(code(&o), 0);
+    assert!(out(&o).contains("dm-dedup (4 KiB blocks) would need"));
+    let o = dedup(&["estimate", s(&t.path("missing"))]);
+    assert_eq!(code(&o), 8);
+}

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Drives dm-dedup's real metadata code (dedup-metadata.c and what it uses)
+ * in userspace, so the tools' tests can compare with it:
+ *
+ *   harness open META LOGICAL DATA
+ *	dd_md_open(): formats a zeroed device, or activates (all the kernel's
+ *	checks); prints a "stats" line. Exit 1 with the error if refused.
+ *   harness map META LOGICAL DATA
+ *	activates read-only and prints "lba pba" for every mapped block.
+ *   harness workload META LOGICAL DATA SEED OPS COMMIT_EVERY [CRASH_OPS]
+ *	what the target does for OPS random writes (new, duplicate and zero
+ *	blocks) and discards, committing every COMMIT_EVERY operations and at
+ *	the end; prints the committed map. With CRASH_OPS, that many more
+ *	operations follow whose blocks are written but never committed (a
+ *	crash before the superblock write).
+ */
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kshim.h"
+#include "dedup-metadata.h"
+
+struct model {
+	u64 nr_contents;
+	int64_t *pba_of;	/* content id -> pba holding it, -1 if none */
+};
+
+static void make_fp(u64 c, u8 *fp)
+{
+	u64 x = c * 0x9E3779B97F4A7C15ULL + 1;
+
+	memcpy(fp, &c, 8);
+	for (int i = 8; i < DD_FP_SIZE; i += 8) {
+		x ^= x >> 31;
+		x *= 0xBF58476D1CE4E5B9ULL;
+		memcpy(fp + i, &x, 8);
+	}
+}
+
+static u64 fp_content(const u8 *fp)
+{
+	u64 c;
+
+	memcpy(&c, fp, 8);
+	return c;
+}
+
+static int visit(void *ctx, u64 pba, const u8 *fp)
+{
+	struct model *m = ctx;
+	u64 c = fp_content(fp);
+
+	if (c && c <= m->nr_contents)
+		m->pba_of[c] = (int64_t)pba;
+	return 0;
+}
+
+static void on_free(void *ctx, u64 pba, const u8 *fp)
+{
+	struct model *m = ctx;
+	u64 c = fp_content(fp);
+
+	if (c && c <= m->nr_contents && m->pba_of[c] == (int64_t)pba)
+		m->pba_of[c] = -1;
+}
+
+static u64 rng_state;
+
+static u64 rnd(u64 n)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return n ? rng_state % n : 0;
+}
+
+static void print_stats(struct dd_metadata *md)
+{
+	struct dd_md_stats st;
+
+	dd_md_stats(md, &st);
+	printf("stats txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
+	       (unsigned long long)st.transaction_id, (unsigned long long)st.metadata_used,
+	       (unsigned long long)st.metadata_total, (unsigned long long)st.data_used,
+	       (unsigned long long)st.data_live, (unsigned long long)st.mapped,
+	       (unsigned long long)st.unique_writes, (unsigned long long)st.duplicate_writes,
+	       (unsigned long long)st.zero_writes, (unsigned long long)st.discarded);
+}
+
+static int print_map(struct dd_metadata *md, u64 logical)
+{
+	for (u64 lba = 0; lba < logical; lba++) {
+		u64 pba;
+		int r = dd_md_lookup(md, lba, &pba, false);
+
+		if (r == -ENODATA)
+			continue;
+		if (r) {
+			fprintf(stderr, "lookup of %llu failed: %d\n", (unsigned long long)lba, r);
+			return r;
+		}
+		printf("%llu %llu\n", (unsigned long long)lba, (unsigned long long)pba);
+	}
+	return 0;
+}
+
+static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
+{
+	u64 lba = rnd(logical), pba;
+	u8 fp[DD_FP_SIZE];
+	int r;
+
+	if (rnd(100) < 3) {
+		u64 end = lba + 1 + rnd(rnd(8) ? 16 : 1200), n;
+
+		if (end > logical)
+			end = logical;
+		return dd_md_unmap_range(md, lba, end, &n);
+	}
+	u64 c = rnd(100) < 10 ? 0 : 1 + rnd(m->nr_contents);
+
+	if (!c)
+		return dd_md_map_zero(md, lba);
+	if (m->pba_of[c] >= 0) {
+		pba = (u64)m->pba_of[c];
+		r = dd_md_get_ref(md, pba);
+		if (r)
+			return r;
+		return dd_md_map_claimed(md, lba, pba);
+	}
+	r = dd_md_alloc_data(md, &pba);
+	if (r == -ENOSPC && dd_md_pending_data_frees(md)) {
+		r = dd_md_commit(md);
+		if (!r)
+			r = dd_md_alloc_data(md, &pba);
+	}
+	if (r == -ENOSPC)
+		return 0;	/* the target fails the write; nothing changes */
+	if (r)
+		return r;
+	make_fp(c, fp);
+	r = dd_md_map_new(md, lba, pba, fp);
+	if (!r)
+		m->pba_of[c] = (int64_t)pba;
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	struct dd_md_config cfg = { .hash_name = "sha256", .fp_size = 32 };
+	struct model m = { 0 };
+	struct block_device bdev;
+	struct dd_metadata *md;
+	struct stat sb;
+	char *error = "";
+	const char *cmd;
+	int r;
+
+	if (argc < 5) {
+		fprintf(stderr, "usage: harness open|map|workload META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS]]\n");
+		return 2;
+	}
+	cmd = argv[1];
+	cfg.logical_blocks = strtoull(argv[3], NULL, 10);
+	cfg.data_blocks = strtoull(argv[4], NULL, 10);
+	cfg.read_only = !strcmp(cmd, "map");
+	bdev.fd = open(argv[2], cfg.read_only ? O_RDONLY : O_RDWR);
+	if (bdev.fd < 0 || fstat(bdev.fd, &sb)) {
+		perror(argv[2]);
+		return 2;
+	}
+	bdev.bytes = (u64)sb.st_size;
+	/* Fewer contents than data blocks: plenty of duplicates. */
+	m.nr_contents = cfg.data_blocks / 2 + 1;
+	m.pba_of = malloc((m.nr_contents + 1) * sizeof(*m.pba_of));
+	for (u64 i = 0; i <= m.nr_contents; i++)
+		m.pba_of[i] = -1;
+	cfg.visit = visit;
+	cfg.on_free = on_free;
+	cfg.ctx = &m;
+
+	r = dd_md_open(&bdev, &cfg, &md, &error);
+	if (r) {
+		printf("refused %d %s\n", r, error);
+		return 1;
+	}
+	if (!strcmp(cmd, "open")) {
+		print_stats(md);
+	} else if (!strcmp(cmd, "map")) {
+		r = print_map(md, cfg.logical_blocks);
+		print_stats(md);
+	} else if (!strcmp(cmd, "workload") && argc >= 8) {
+		u64 ops = strtoull(argv[6], NULL, 10);
+		u64 every = strtoull(argv[7], NULL, 10);
+		u64 crash = argc > 8 ? strtoull(argv[8], NULL, 10) : 0;
+
+		rng_state = strtoull(argv[5], NULL, 10) * 2654435761ULL + 88172645463325252ULL;
+		for (u64 i = 0; i < ops && !r; i++) {
+			r = one_op(md, &m, cfg.logical_blocks);
+			if (!r && every && (i + 1) % every == 0)
+				r = dd_md_commit(md);
+		}
+		if (!r)
+			r = dd_md_commit(md);
+		if (!r)
+			r = print_map(md, cfg.logical_blocks);
+		if (!r)
+			print_stats(md);
+		for (u64 i = 0; i < crash && !r; i++)
+			r = one_op(md, &m, cfg.logical_blocks);
+		/*
+		 * The crash: the running transaction's blocks reach the disk
+		 * (dm-bufio may write them back at any time), the superblock
+		 * never does. struct dd_metadata starts with its struct dd_bm
+		 * pointer, which starts with the dm-bufio client.
+		 */
+		if (!r && crash)
+			r = dm_bufio_write_dirty_buffers(**(struct dm_bufio_client ***)md);
+	} else {
+		fprintf(stderr, "unknown command %s\n", cmd);
+		r = 2;
+	}
+	if (r)
+		fprintf(stderr, "%s failed: %d\n", cmd, r);
+	dd_md_close(md);
+	free(m.pba_of);
+	close(bdev.fd);
+	return r ? 1 : 0;
+}

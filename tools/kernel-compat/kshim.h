@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Just enough of the kernel API for dm-dedup's metadata code
+ * (dedup-block.c, dedup-array.c, dedup-space.c, dedup-metadata.c) to build
+ * and run in userspace, over a file, so that the tools' tests can check
+ * what the real kernel code writes and have it open what the tools write.
+ * dm-bufio is a never-evicting cache; writes reach the file only when the
+ * metadata code asks for them. Little-endian hosts only.
+ */
+#ifndef DEDUP_KSHIM_H
+#define DEDUP_KSHIM_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the kernel-compat shim assumes a little-endian host"
+#endif
+
+typedef uint8_t u8;
+typedef uint16_t u16;
+typedef uint32_t u32;
+typedef unsigned long long u64;
+typedef long long s64;
+typedef uint8_t __u8;
+typedef uint16_t __le16;
+typedef uint32_t __le32;
+typedef unsigned long long __le64;
+
+#define __packed __attribute__((packed))
+#define SECTOR_SHIFT 9
+#define BIT(n) (1UL << (n))
+#define U32_MAX UINT32_MAX
+
+#define cpu_to_le16(x) ((__le16)(x))
+#define cpu_to_le32(x) ((__le32)(x))
+#define cpu_to_le64(x) ((__le64)(x))
+#define le16_to_cpu(x) ((u16)(x))
+#define le32_to_cpu(x) ((u32)(x))
+#define le64_to_cpu(x) ((u64)(x))
+
+#define GFP_KERNEL 0
+#define GFP_NOIO 0
+static inline void *kzalloc(size_t n, int gfp) { (void)gfp; return calloc(1, n ? n : 1); }
+static inline void *kmalloc(size_t n, int gfp) { (void)gfp; return malloc(n ? n : 1); }
+static inline void kfree(const void *p) { free((void *)p); }
+static inline void *kvcalloc(size_t n, size_t s, int gfp) { (void)gfp; return calloc(n ? n : 1, s); }
+static inline void kvfree(const void *p) { free((void *)p); }
+
+#define min_t(t, a, b) ((t)(a) < (t)(b) ? (t)(a) : (t)(b))
+#define max(a, b) ((a) > (b) ? (a) : (b))
+#define min(a, b) ((a) < (b) ? (a) : (b))
+#define WARN_ON_ONCE(c) ({ int __c = !!(c); if (__c) fprintf(stderr, "WARN_ON_ONCE %s:%d\n", __FILE__, __LINE__); __c; })
+#define cond_resched() do { } while (0)
+
+#define DMERR(fmt, ...) fprintf(stderr, "dedup: " fmt "\n", ##__VA_ARGS__)
+#define DMERR_LIMIT DMERR
+#define DMWARN DMERR
+#define DMINFO(fmt, ...) do { if (getenv("KSHIM_VERBOSE")) DMERR(fmt, ##__VA_ARGS__); } while (0)
+
+#define MAX_ERRNO 4095
+static inline void *ERR_PTR(long e) { return (void *)e; }
+static inline long PTR_ERR(const void *p) { return (long)p; }
+static inline bool IS_ERR(const void *p) { return (unsigned long)p >= (unsigned long)-MAX_ERRNO; }
+
+static inline u64 div64_u64(u64 a, u64 b) { return a / b; }
+static inline u64 div_u64(u64 a, u32 b) { return a / b; }
+static inline u64 div_u64_rem(u64 a, u32 b, u32 *r) { *r = a % b; return a / b; }
+#define do_div(n, base) ({ u32 __r = (u32)((n) % (base)); (n) /= (base); __r; })
+
+#define BITS_PER_LONG 64
+#define BITS_TO_LONGS(n) (((n) + BITS_PER_LONG - 1) / BITS_PER_LONG)
+static inline bool test_bit(u64 nr, const unsigned long *a)
+{
+	return (a[nr / BITS_PER_LONG] >> (nr % BITS_PER_LONG)) & 1;
+}
+static inline void __set_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG] |= 1UL << (nr % BITS_PER_LONG); }
+static inline void __clear_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG] &= ~(1UL << (nr % BITS_PER_LONG)); }
+static inline bool __test_and_set_bit(u64 nr, unsigned long *a)
+{
+	bool old = test_bit(nr, a);
+
+	__set_bit(nr, a);
+	return old;
+}
+static inline unsigned long find_next_bit(const unsigned long *a, unsigned long size, unsigned long off)
+{
+	for (; off < size; off++)
+		if (test_bit(off, a))
+			return off;
+	return size;
+}
+static inline unsigned long find_next_zero_bit(const unsigned long *a, unsigned long size, unsigned long off)
+{
+	for (; off < size; off++)
+		if (!test_bit(off, a))
+			return off;
+	return size;
+}
+static inline unsigned long find_first_bit(const unsigned long *a, unsigned long size)
+{
+	return find_next_bit(a, size, 0);
+}
+static inline void bitmap_set(unsigned long *a, unsigned long start, unsigned long n)
+{
+	while (n--)
+		__set_bit(start++, a);
+}
+static inline void bitmap_clear(unsigned long *a, unsigned long start, unsigned long n)
+{
+	while (n--)
+		__clear_bit(start++, a);
+}
+
+static inline void *memchr_inv(const void *p, int c, size_t n)
+{
+	const u8 *s = p;
+
+	for (size_t i = 0; i < n; i++)
+		if (s[i] != (u8)c)
+			return (void *)(s + i);
+	return NULL;
+}
+
+static inline long strscpy(char *dst, const char *src, size_t n)
+{
+	size_t len = strnlen(src, n);
+
+	if (len == n) {
+		memcpy(dst, src, n - 1);
+		dst[n - 1] = 0;
+		return -E2BIG;
+	}
+	memcpy(dst, src, len + 1);
+	return (long)len;
+}
+
+/* KSHIM_TIME fixes the clock, for reproducible images. */
+static inline s64 ktime_get_real_seconds(void)
+{
+	const char *t = getenv("KSHIM_TIME");
+
+	return t ? strtoll(t, NULL, 10) : (s64)time(NULL);
+}
+
+struct block_device {
+	int fd;
+	u64 bytes;
+};
+static inline u64 bdev_nr_bytes(struct block_device *b) { return b->bytes; }
+
+u32 crc32c(u32 crc, const void *p, size_t len);
+
+struct dm_buffer;
+struct dm_bufio_client;
+struct dm_bufio_client *dm_bufio_client_create(struct block_device *bdev, unsigned int block_size,
+					       unsigned int reserved, unsigned int aux_size,
+					       void (*alloc_cb)(struct dm_buffer *),
+					       void (*write_cb)(struct dm_buffer *), unsigned int flags);
+void dm_bufio_client_destroy(struct dm_bufio_client *c);
+void *dm_bufio_read(struct dm_bufio_client *c, u64 block, struct dm_buffer **bp);
+void *dm_bufio_get(struct dm_bufio_client *c, u64 block, struct dm_buffer **bp);
+void *dm_bufio_new(struct dm_bufio_client *c, u64 block, struct dm_buffer **bp);
+void dm_bufio_prefetch(struct dm_bufio_client *c, u64 block, unsigned int n);
+void dm_bufio_release(struct dm_buffer *b);
+void dm_bufio_mark_buffer_dirty(struct dm_buffer *b);
+int dm_bufio_write_dirty_buffers(struct dm_bufio_client *c);
+int dm_bufio_issue_flush(struct dm_bufio_client *c);
+void *dm_bufio_get_aux_data(struct dm_buffer *b);
+void *dm_bufio_get_block_data(struct dm_buffer *b);
+
+#endif

@@ -1,0 +1,3 @@
+/* Userspace stand-in, see ../kshim.h; system headers reach it too. */
+#include <asm/errno.h>
+#include "../kshim.h"
