@@ -1,0 +1,152 @@
+"""pytest fixtures for the dm-dedup guest suite.
+
+Run INSIDE the guest (scripts/guest-run.sh) as root with Debian's python:
+    /bin/python3 -m pytest -p no:cacheprovider tests/guest
+Environment:
+    DEDUP_KO       module to insmod (default <repo>/dm-dedup/dm-dedup.ko)
+    DD_TEST_TIMEOUT per-test time limit in seconds (default 900)
+    DD_NO_MODULE=1 do not load dm-dedup (only for harness self-tests)
+"""
+
+import os
+import signal
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ddlib  # noqa: E402
+from ddlib import MIB  # noqa: E402
+
+TEST_TIMEOUT = int(os.environ.get("DD_TEST_TIMEOUT", "900"))
+
+
+def pytest_configure(config):
+    sys.dont_write_bytecode = True
+
+
+# ---------------------------------------------------------------------------
+# session: module and tmpfs
+# ---------------------------------------------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def dedup_module():
+    """Load dm-mod, dm-bufio, libcrc32c, ... and insmod dm-dedup (missing
+    module = failure).  At the end: remove every dedup device and rmmod."""
+    assert os.geteuid() == 0, "the guest suite must run as root"
+    ddlib.mount_tmpfs()
+    if os.environ.get("DD_NO_MODULE") == "1":
+        for m in ddlib.BASE_MODULES:
+            ddlib.run(["modprobe", m], check=False)
+        yield None
+        ddlib.umount_tmpfs()
+        return
+    ddlib.load_dedup_module()
+    yield ddlib.DEDUP_KO
+    k = ddlib.Kmsg()
+    errors = ddlib.remove_dm_devices()          # ddt* leftovers, if any
+    # then every device that still has a dedup target (any name)
+    for n in ddlib.dm_devices_with_target("dedup"):
+        p = ddlib.run(["dmsetup", "remove", "--retry", n], check=False)
+        if p.returncode:
+            errors.append("remove %s: %s" % (n, p.stderr.strip()))
+    if ddlib.module_loaded():
+        p = ddlib.run(["rmmod", "dm_dedup"], check=False)
+        if p.returncode:
+            errors.append("rmmod dm_dedup failed: %s" % p.stderr.strip())
+    ddlib.umount_tmpfs()
+    bad = k.bad_lines()
+    k.close()
+    if ddlib.METADATA_CHECKS == 0 and not os.environ.get("PYTEST_ARGS_SUBSET"):
+        errors.append("the metadata checker never ran: the oracle is not wired up")
+    print("\nmetadata devices checked clean by `dedup check`: %d" % ddlib.METADATA_CHECKS)
+    if bad:
+        errors.append("kernel log during unload:\n" + "\n".join(bad[:80]))
+    if errors:
+        pytest.fail("session teardown: " + "; ".join(errors), pytrace=False)
+
+
+# ---------------------------------------------------------------------------
+# per test: kernel log watch and time limit
+# ---------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def kmsg_check(request):
+    """Fail the test if the kernel logged WARNING/BUG/KFENCE/Oops/... during
+    it (including its fixtures' teardown: this fixture is set up first)."""
+    k = ddlib.Kmsg()
+    yield k
+    bad = k.bad_lines()
+    k.close()
+    if bad:
+        pytest.fail("kernel log has problems during %s:\n%s" % (
+            request.node.nodeid, "\n".join(bad[:80])), pytrace=False)
+
+
+class TestTimeout(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def time_limit():
+    def handler(signum, frame):
+        raise TestTimeout("test exceeded %d s (DD_TEST_TIMEOUT)" % TEST_TIMEOUT)
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.alarm(TEST_TIMEOUT)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+# ---------------------------------------------------------------------------
+# backing devices and dedup devices
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def backing(kmsg_check):
+    """Backing devices (loop over guest tmpfs files, null_blk).  Teardown
+    removes all dm devices named ddt*, detaches the loops, deletes files."""
+    b = ddlib.Backing()
+    yield b
+    errors = b.cleanup()
+    if errors:
+        pytest.fail("cleanup: " + "; ".join(errors), pytrace=False)
+
+
+class DedupFactory:
+    """Makes dedup devices over fresh loop devices.  Sizes in MiB; logical in
+    MiB too (converted to sectors)."""
+
+    def __init__(self, backing):
+        self.backing = backing
+        self.n = 0
+
+    def name(self):
+        self.n += 1
+        return "%s%d" % (ddlib.NAME_PREFIX, self.n)
+
+    def __call__(self, meta_mib=16, data_mib=64, logical_mib=256, opts=(), name=None):
+        meta = self.backing.loop(meta_mib, "meta")
+        data = self.backing.loop(data_mib, "data")
+        return ddlib.DedupDev.create(name or self.name(), meta, data,
+                                     logical_mib * MIB // 512, opts)
+
+
+@pytest.fixture
+def make_dedup(backing):
+    return DedupFactory(backing)
+
+
+@pytest.fixture
+def dedup(make_dedup):
+    """A default dedup device: 16 MiB metadata, 64 MiB data, 256 MiB logical."""
+    return make_dedup()
+
+
+@pytest.fixture
+def seed(request):
+    """A per-test seed (stable across runs) for ddlib.block_data."""
+    import zlib
+    return zlib.crc32(request.node.nodeid.encode()) & 0xffffff
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(
+        "metadata devices checked clean by `dedup check`: %d" % ddlib.METADATA_CHECKS)

@@ -1,0 +1,688 @@
+"""Helpers for the dm-dedup guest test suite (runs INSIDE the QEMU guest).
+
+Everything here talks to the kernel through the ordinary tools (dmsetup,
+losetup, blkdiscard, insmod/modprobe) and through O_DIRECT I/O on the device
+nodes.  Written against Documentation/dm-dedup.rst.
+"""
+
+import hashlib
+import mmap
+import os
+import random
+import re
+import subprocess
+import time
+
+BLOCK = 4096                   # dedup block size (bytes)
+SECTORS_PER_BLOCK = BLOCK // 512
+MIB = 1 << 20
+
+REPO = os.environ.get("DEDUP_REPO") or os.path.abspath(
+    os.path.join(os.path.dirname(__file__), "..", ".."))
+DEDUP_KO = os.environ.get("DEDUP_KO") or os.path.join(REPO, "dm-dedup", "dm-dedup.ko")
+METADATA_CHECKS = 0           # metadata devices checked clean so far
+DEDUP_BIN = os.environ.get("DEDUP_BIN") or os.path.join(REPO, "tools", "target", "debug", "dedup")
+TMPFS = os.environ.get("DEDUP_TMPFS", "/tmp/dd-tmpfs")
+NAME_PREFIX = "ddt"            # every dm device the suite creates starts with this
+
+
+# --------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------
+class CmdError(AssertionError):
+    pass
+
+
+def run(cmd, check=True, input=None, timeout=300, quiet=False):
+    """Run a command (list or shell string); return CompletedProcess (text)."""
+    shell = isinstance(cmd, str)
+    p = subprocess.run(cmd, shell=shell, input=input, capture_output=True,
+                       text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise CmdError("command failed (%d): %s\nstdout: %s\nstderr: %s" % (
+            p.returncode, cmd if shell else " ".join(map(str, cmd)),
+            p.stdout.strip(), p.stderr.strip()))
+    return p
+
+
+def udev_settle():
+    run(["udevadm", "settle", "--timeout=30"], check=False)
+
+
+# --------------------------------------------------------------------------
+# kernel log
+# --------------------------------------------------------------------------
+BAD_KMSG = re.compile(
+    r"WARNING:|\bBUG\b|KFENCE|Oops|general protection|list_add corruption|"
+    r"list_del corruption|UBSAN|kernel BUG|Call Trace|INFO: task .* blocked|"
+    r"stack-protector|refcount_t:")
+
+
+class Kmsg:
+    """Reads kernel log records produced after its creation (/dev/kmsg)."""
+
+    def __init__(self):
+        self.fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        os.lseek(self.fd, 0, os.SEEK_END)
+        self._lines = []
+
+    def _drain(self):
+        while True:
+            try:
+                rec = os.read(self.fd, 16384)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:      # records overwritten: skip ahead
+                continue
+            if not rec:
+                break
+            text = rec.decode("utf-8", "replace")
+            head, _, msg = text.partition(";")
+            msg = msg.split("\n", 1)[0]  # drop the dictionary lines
+            msg = msg.replace("\\x0a", "\n")
+            self._lines.extend(msg.split("\n"))
+
+    def lines(self):
+        """All kernel log lines since creation."""
+        self._drain()
+        return list(self._lines)
+
+    def bad_lines(self):
+        return [l for l in self.lines() if BAD_KMSG.search(l)]
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def dmesg_tail(n=20):
+    """The last n lines of the kernel log (for error-message assertions)."""
+    out = run(["dmesg"], check=False).stdout.splitlines()
+    return out[-n:]
+
+
+# --------------------------------------------------------------------------
+# modules
+# --------------------------------------------------------------------------
+BASE_MODULES = ["dm-mod", "dm-bufio", "libcrc32c", "crc32c", "loop"]
+
+
+def modprobe(*mods, check=True):
+    for m in mods:
+        run(["modprobe", m], check=check)
+
+
+def module_loaded(name="dm_dedup"):
+    return os.path.isdir("/sys/module/" + name)
+
+
+def load_dedup_module(ko=None):
+    ko = ko or DEDUP_KO
+    if not os.path.isfile(ko):
+        raise AssertionError("dm-dedup module not found: %s (build it with make)" % ko)
+    for m in BASE_MODULES:
+        run(["modprobe", m], check=False)       # some may not exist; fine
+    deps = run(["modinfo", "-F", "depends", ko], check=False).stdout.strip()
+    for d in filter(None, deps.split(",")):
+        modprobe(d)
+    if not module_loaded():
+        run(["insmod", ko])
+    assert module_loaded(), "dm_dedup not in /sys/module after insmod"
+    assert "dedup" in run(["dmsetup", "targets"]).stdout.split(), \
+        "target 'dedup' not registered (dmsetup targets)"
+
+
+def unload_dedup_module():
+    run(["rmmod", "dm_dedup"])
+    assert not module_loaded(), "dm_dedup still loaded after rmmod"
+
+
+# --------------------------------------------------------------------------
+# device mapper
+# --------------------------------------------------------------------------
+def dm_names():
+    out = run(["dmsetup", "ls"], check=False).stdout
+    if "No devices found" in out:
+        return []
+    return [l.split()[0] for l in out.splitlines() if l.strip()]
+
+
+def dm_exists(name):
+    return run(["dmsetup", "info", name], check=False).returncode == 0
+
+
+def dm_remove(name, force=False):
+    cmd = ["dmsetup", "remove", "--retry"]
+    if force:
+        cmd.append("--force")
+    run(cmd + [name], timeout=300)
+
+
+def dm_devices_with_target(target):
+    out = run(["dmsetup", "table", "--target", target], check=False).stdout
+    names = []
+    for l in out.splitlines():
+        if ":" in l and "No devices found" not in l:
+            names.append(l.split(":", 1)[0].strip())
+    return names
+
+
+def dm_open_count(name):
+    out = run(["dmsetup", "info", "-c", "--noheadings", "-o", "open", name],
+              check=False).stdout.strip()
+    try:
+        return int(out)
+    except ValueError:
+        return 0
+
+
+def remove_dm_devices(prefix=NAME_PREFIX):
+    """Remove our dm devices (names starting with prefix), top of the stacks
+    first.  Returns a list of errors (empty when all went away cleanly)."""
+    errors = []
+    last_err = {}
+    for _ in range(10):
+        names = [n for n in dm_names() if n.startswith(prefix)]
+        if not names:
+            return errors
+        udev_settle()
+        progress = False
+        for n in names:
+            if dm_open_count(n) > 0:
+                continue            # held by a device above it (or a mount)
+            p = run(["dmsetup", "remove", "--retry", n], check=False, timeout=300)
+            if p.returncode == 0:
+                progress = True
+            else:
+                last_err[n] = p.stderr.strip()
+        if not progress:
+            time.sleep(1)
+    left = [n for n in dm_names() if n.startswith(prefix)]
+    if left:
+        errors.append("dm devices could not be removed: %s %s" % (left, last_err))
+        for n in left:
+            run(["dmsetup", "remove", "--force", n], check=False, timeout=300)
+    return errors
+
+
+STATUS_FIELDS = ("mode", "transaction_id", "metadata", "data", "mapped",
+                 "unique_writes", "duplicate_writes", "zero_writes", "discarded",
+                 "hash", "verify", "discard_passdown")
+
+
+def parse_status(line):
+    """Parse a `dmsetup status` line of a dedup device into a dict.
+
+    Keys: mode, transaction_id, meta_used, meta_total, data_used, data_total,
+    mapped, unique_writes, duplicate_writes, zero_writes, discarded, hash,
+    verify, discard_passdown (the last three as printed), and raw.
+    """
+    parts = line.split()
+    assert len(parts) >= 3 and parts[2] == "dedup", "not a dedup status: %r" % line
+    f = parts[3:]
+    assert len(f) >= len(STATUS_FIELDS), \
+        "dedup status has %d fields, expected %d: %r" % (len(f), len(STATUS_FIELDS), line)
+    st = {"raw": line, "start": int(parts[0]), "length": int(parts[1])}
+    st["mode"] = f[0]
+    st["transaction_id"] = int(f[1])
+    mu, mt = f[2].split("/")
+    du, dt = f[3].split("/")
+    st.update(meta_used=int(mu), meta_total=int(mt), data_used=int(du), data_total=int(dt))
+    for i, k in enumerate(("mapped", "unique_writes", "duplicate_writes",
+                           "zero_writes", "discarded"), start=4):
+        st[k] = int(f[i])
+    st["hash"] = f[9]
+    st["verify"] = f[10]
+    st["discard_passdown"] = f[11]
+    return st
+
+
+COUNTERS = ("data_used", "mapped", "unique_writes", "duplicate_writes",
+            "zero_writes", "discarded")
+
+
+def counters(st):
+    return {k: st[k] for k in COUNTERS}
+
+
+def table_line(meta, data, logical_sectors, opts=()):
+    opts = [str(o) for o in opts]
+    line = "0 %d dedup %s %s" % (logical_sectors, meta, data)
+    if opts:
+        line += " %d %s" % (len(opts), " ".join(opts))
+    return line
+
+
+def try_create(name, table):
+    """dmsetup create; return the CompletedProcess (never raises)."""
+    p = run(["dmsetup", "create", name, "--table", table], check=False, timeout=300)
+    udev_settle()
+    return p
+
+
+class DedupDev:
+    """A dm-dedup device driven through dmsetup."""
+
+    def __init__(self, name, meta, data, logical_sectors, opts=()):
+        self.name = name
+        self.meta = meta
+        self.data = data
+        self.logical_sectors = logical_sectors
+        self.opts = list(opts)
+
+    @property
+    def path(self):
+        return "/dev/mapper/" + self.name
+
+    @property
+    def nblocks(self):
+        return self.logical_sectors // SECTORS_PER_BLOCK
+
+    def table_line(self):
+        return table_line(self.meta, self.data, self.logical_sectors, self.opts)
+
+    @classmethod
+    def create(cls, name, meta, data, logical_sectors, opts=()):
+        d = cls(name, meta, data, logical_sectors, opts)
+        d.activate()
+        return d
+
+    def activate(self, table=None):
+        table = table or self.table_line()
+        p = try_create(self.name, table)
+        if p.returncode != 0:
+            raise CmdError("dmsetup create %s --table %r failed: %s\nkernel log:\n%s" % (
+                self.name, table, p.stderr.strip(), "\n".join(dmesg_tail(8))))
+        for _ in range(100):
+            if os.path.exists(self.path):
+                break
+            time.sleep(0.1)
+        assert os.path.exists(self.path), "%s did not appear" % self.path
+        return self
+
+    def remove(self):
+        udev_settle()
+        run(["dmsetup", "remove", "--retry", self.name], timeout=300)
+        assert not dm_exists(self.name)
+
+    def status_line(self):
+        return run(["dmsetup", "status", self.name]).stdout.strip()
+
+    def status(self):
+        return parse_status(self.status_line())
+
+    def table(self):
+        return run(["dmsetup", "table", self.name]).stdout.strip()
+
+    def message(self, *args, check=True):
+        p = run(["dmsetup", "message", self.name, "0"] + [str(a) for a in args],
+                check=check)
+        return p if not check else p.stdout
+
+    def commit(self):
+        self.message("commit")
+
+    def events(self):
+        out = run(["dmsetup", "info", "-c", "--noheadings", "-o", "events",
+                   self.name]).stdout.strip()
+        return int(out)
+
+    def suspend(self, *flags):
+        run(["dmsetup", "suspend"] + list(flags) + [self.name])
+
+    def resume(self):
+        run(["dmsetup", "resume", self.name])
+
+
+# --------------------------------------------------------------------------
+# backing devices: loop devices over files on a guest tmpfs, null_blk
+# --------------------------------------------------------------------------
+def mount_tmpfs(path=TMPFS, size="3G"):
+    os.makedirs(path, exist_ok=True)
+    if not os.path.ismount(path):
+        run(["mount", "-t", "tmpfs", "-o", "size=%s,mode=0755" % size, "dd-tmpfs", path])
+
+
+def umount_tmpfs(path=TMPFS):
+    if os.path.ismount(path):
+        run(["umount", path], check=False)
+
+
+class Backing:
+    """Creates and tears down backing block devices for one test."""
+
+    def __init__(self, tmpfs=TMPFS):
+        self.tmpfs = tmpfs
+        self.files = []
+        self.loops = []
+        self.nullbs = []
+        self.mounts = []
+        self._n = 0
+        self.checked = 0
+
+    def loop(self, size_mib, name=None):
+        """A zero-filled (sparse) loop device of size_mib MiB; returns its path."""
+        self._n += 1
+        name = name or "b%d" % self._n
+        path = os.path.join(self.tmpfs, "%s-%d.img" % (name, os.getpid()))
+        with open(path, "wb") as f:
+            f.truncate(int(size_mib * MIB))
+        self.files.append(path)
+        dev = run(["losetup", "-f", "--show", path]).stdout.strip()
+        self.loops.append(dev)
+        udev_settle()
+        return dev
+
+    def nullb(self, name, size_mib, cache_mib=0, blocksize=4096):
+        """A memory-backed null_blk disk /dev/NAME with a volatile write cache
+        of cache_mib MiB (0: none).  power_cycle() loses unflushed writes."""
+        ensure_configfs_nullb()
+        d = "/sys/kernel/config/nullb/" + name
+        os.mkdir(d)
+        self.nullbs.append(d)
+        for attr, val in (("memory_backed", 1), ("blocksize", blocksize),
+                          ("size", size_mib), ("cache_size", cache_mib),
+                          ("discard", 1), ("power", 1)):
+            with open(os.path.join(d, attr), "w") as f:
+                f.write("%s\n" % val)
+        udev_settle()
+        dev = "/dev/" + name
+        for _ in range(100):
+            if os.path.exists(dev):
+                break
+            time.sleep(0.1)
+        assert os.path.exists(dev), dev + " did not appear"
+        return dev
+
+    def power(self, name, on):
+        with open("/sys/kernel/config/nullb/%s/power" % name, "w") as f:
+            f.write("1\n" if on else "0\n")
+        udev_settle()
+        if on:
+            for _ in range(100):
+                if os.path.exists("/dev/" + name):
+                    break
+                time.sleep(0.1)
+
+    def check_metadata(self):
+        """The offline checker is the oracle: every metadata device a test
+        leaves behind (a loop over a file named meta*) must check clean.
+        A never-formatted one (both superblock slots zero) is fine."""
+        errors = []
+        for f, dev in zip(self.files, self.loops):
+            if not os.path.basename(f).startswith("meta"):
+                continue
+            p = run([DEDUP_BIN, "check", dev], check=False)
+            if p.returncode == 8 and "not formatted" in p.stderr:
+                continue
+            if p.returncode != 0:
+                errors.append("dedup check %s (%s) exit %d:\n%s%s" % (
+                    dev, os.path.basename(f), p.returncode, p.stdout, p.stderr))
+            self.checked += 1
+        global METADATA_CHECKS
+        METADATA_CHECKS += self.checked
+        return errors
+
+    def cleanup(self):
+        """Tear everything down; return a list of error strings."""
+        errors = []
+        for m in reversed(self.mounts):
+            if os.path.ismount(m):
+                p = run(["umount", m], check=False)
+                if p.returncode:
+                    run(["umount", "-l", m], check=False)
+                    errors.append("umount %s: %s" % (m, p.stderr.strip()))
+        udev_settle()
+        errors += remove_dm_devices()
+        errors += self.check_metadata()
+        for dev in reversed(self.loops):
+            run(["losetup", "-d", dev], check=False)
+        for f in self.files:
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
+        for d in reversed(self.nullbs):
+            try:
+                with open(os.path.join(d, "power"), "w") as f:
+                    f.write("0\n")
+            except OSError:
+                pass
+            try:
+                os.rmdir(d)
+            except OSError as e:
+                errors.append("rmdir %s: %s" % (d, e))
+        self.files, self.loops, self.nullbs, self.mounts = [], [], [], []
+        return errors
+
+
+def ensure_configfs_nullb():
+    if not os.path.isdir("/sys/kernel/config/nullb"):
+        run(["modprobe", "null_blk", "nr_devices=0"])
+        if not os.path.ismount("/sys/kernel/config"):
+            run(["mount", "-t", "configfs", "none", "/sys/kernel/config"])
+    assert os.path.isdir("/sys/kernel/config/nullb")
+
+
+# --------------------------------------------------------------------------
+# deterministic block content and direct I/O
+# --------------------------------------------------------------------------
+ZERO = bytes(BLOCK)
+
+
+def block_data(seed, bid):
+    """Content of 4 KiB block `bid` for `seed`: a PRNG stream; never all-zero.
+    bid None means the zero block.  Duplicates = reuse an id."""
+    if bid is None:
+        return ZERO
+    return random.Random(seed * 1_000_000_007 + bid).randbytes(BLOCK)
+
+
+def digest(b):
+    return hashlib.sha256(b).hexdigest()[:16]
+
+
+class BlockDev:
+    """O_DIRECT block I/O, 4 KiB aligned, with an mmap (page aligned) buffer."""
+
+    def __init__(self, path, flags=0):
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_DIRECT | flags)
+        self.buf = mmap.mmap(-1, BLOCK)
+        self.big = None
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.buf.close()
+        if self.big is not None:
+            self.big.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+    def write(self, lba, data):
+        """Write one 4 KiB block at logical block `lba` (raises OSError)."""
+        assert len(data) == BLOCK
+        self.buf[:] = data
+        n = os.pwrite(self.fd, self.buf, lba * BLOCK)
+        assert n == BLOCK, "short write %d at block %d" % (n, lba)
+
+    def read(self, lba):
+        n = os.preadv(self.fd, [self.buf], lba * BLOCK)
+        assert n == BLOCK, "short read %d at block %d" % (n, lba)
+        return bytes(self.buf)
+
+    def read_range(self, lba, count):
+        """Read `count` blocks starting at `lba`; returns a list of bytes."""
+        out = []
+        chunk = 256
+        if self.big is None:
+            self.big = mmap.mmap(-1, chunk * BLOCK)
+        while count > 0:
+            c = min(count, chunk)
+            mv = memoryview(self.big)[:c * BLOCK]
+            n = os.preadv(self.fd, [mv], lba * BLOCK)
+            assert n == c * BLOCK, "short read %d at block %d" % (n, lba)
+            data = bytes(mv)
+            mv.release()
+            out += [data[i * BLOCK:(i + 1) * BLOCK] for i in range(c)]
+            lba += c
+            count -= c
+        return out
+
+    def fsync(self):
+        os.fsync(self.fd)
+
+
+def write_ids(path, seed, layout, start=0):
+    """layout: list of content ids (None = zero block) written sequentially,
+    one O_DIRECT write per block, at LBAs start, start+1, ...  Returns the
+    expected content map {lba: bytes}."""
+    exp = {}
+    with BlockDev(path) as bd:
+        for i, bid in enumerate(layout):
+            data = block_data(seed, bid)
+            bd.write(start + i, data)
+            exp[start + i] = data
+    return exp
+
+
+def verify_blocks(path, expected, nblocks=None):
+    """expected: {lba: bytes}.  If nblocks is given, every other LBA below
+    nblocks must read zeros.  Raises AssertionError listing mismatches."""
+    bad = []
+    with BlockDev(path) as bd:
+        if nblocks is None:
+            for lba in sorted(expected):
+                got = bd.read(lba)
+                if got != expected[lba]:
+                    bad.append((lba, digest(expected[lba]), digest(got)))
+        else:
+            got_all = bd.read_range(0, nblocks)
+            for lba in range(nblocks):
+                exp = expected.get(lba, ZERO)
+                if got_all[lba] != exp:
+                    bad.append((lba, digest(exp), digest(got_all[lba])))
+    assert not bad, "%d blocks differ (lba, expected, got): %s" % (len(bad), bad[:20])
+
+
+def discard(path, first_block, nblocks):
+    run(["blkdiscard", "-o", str(first_block * BLOCK), "-l", str(nblocks * BLOCK), path])
+
+
+def zeroout(path, first_block, nblocks):
+    run(["blkdiscard", "-z", "-o", str(first_block * BLOCK), "-l",
+         str(nblocks * BLOCK), path])
+
+
+def device_bytes(path):
+    return int(run(["blockdev", "--getsize64", path]).stdout)
+
+
+# --------------------------------------------------------------------------
+# directory trees (filesystem tests, demo)
+# --------------------------------------------------------------------------
+def pick_tree(src, max_bytes):
+    """Regular files under src (sorted walk, no __pycache__) until max_bytes."""
+    picked, total = [], 0
+    for root, dirs, files in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for fn in sorted(files):
+            p = os.path.join(root, fn)
+            if not os.path.isfile(p) or os.path.islink(p):
+                continue
+            sz = os.path.getsize(p)
+            if total + sz > max_bytes:
+                continue
+            picked.append(os.path.relpath(p, src))
+            total += sz
+        if total >= max_bytes * 0.98:
+            break
+    return picked, total
+
+
+def copy_files(src, relpaths, dst):
+    for rel in relpaths:
+        s = os.path.join(src, rel)
+        d = os.path.join(dst, rel)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        with open(s, "rb") as fi, open(d, "wb") as fo:
+            while True:
+                b = fi.read(1 << 20)
+                if not b:
+                    break
+                fo.write(b)
+
+
+def read_tree(src, relpaths):
+    """{relpath: bytes} (read the source once: 9p reads are slow)."""
+    out = {}
+    for rel in relpaths:
+        with open(os.path.join(src, rel), "rb") as f:
+            out[rel] = f.read()
+    return out
+
+
+def write_tree(contents, dst):
+    for rel, data in contents.items():
+        d = os.path.join(dst, rel)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        with open(d, "wb") as f:
+            f.write(data)
+
+
+def manifest_of(contents):
+    return {rel: hashlib.sha256(b).hexdigest() for rel, b in contents.items()}
+
+
+def data_blocks_in(contents):
+    """Number of non-zero 4 KiB file blocks (what one copy must write)."""
+    n = 0
+    for b in contents.values():
+        for off in range(0, len(b), BLOCK):
+            blk = b[off:off + BLOCK]
+            if blk.count(0) != len(blk):
+                n += 1
+    return n
+
+
+def manifest(root, relpaths=None):
+    """{relpath: sha256} of the regular files under root."""
+    out = {}
+    if relpaths is None:
+        relpaths = []
+        for r, dirs, files in os.walk(root):
+            if "lost+found" in dirs:
+                dirs.remove("lost+found")
+            for fn in files:
+                relpaths.append(os.path.relpath(os.path.join(r, fn), root))
+    for rel in relpaths:
+        h = hashlib.sha256()
+        with open(os.path.join(root, rel), "rb") as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                h.update(b)
+        out[rel] = h.hexdigest()
+    return out
+
+
+def data_blocks_of(root, relpaths):
+    """Number of non-zero 4 KiB file blocks (what a copy must write)."""
+    n = 0
+    for rel in relpaths:
+        with open(os.path.join(root, rel), "rb") as f:
+            while True:
+                b = f.read(BLOCK)
+                if not b:
+                    break
+                if b.count(0) != len(b):
+                    n += 1
+    return n

@@ -1,0 +1,104 @@
+"""Device errors under the target.
+
+A metadata device that starts failing writes (dm-flakey error_writes) must
+turn the target read-only with a clear status and kernel log line: the flush
+that cannot be honoured fails, later writes fail, reads show the last commit
+(every flushed block exactly), and after the device is healthy again the
+target reopens at that commit with nothing corrupted.
+"""
+
+import errno
+
+import pytest
+
+import ddlib
+from ddlib import BLOCK, BlockDev, DedupDev, block_data, run
+
+META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
+
+
+def linear(name, dev):
+    sectors = ddlib.device_bytes(dev) // 512
+    run(["dmsetup", "create", name, "--table", "0 %d linear %s 0" % (sectors, dev)])
+    return "/dev/mapper/" + name, sectors
+
+
+def swap_table(name, table):
+    run(["dmsetup", "suspend", "--noflush", "--nolockfs", name])
+    run(["dmsetup", "reload", name, "--table", table])
+    run(["dmsetup", "resume", name])
+
+
+def test_metadata_write_error_turns_read_only(backing, seed):
+    meta_raw = backing.loop(META_MIB, "meta")
+    data = backing.loop(DATA_MIB, "data")
+    meta, sectors = linear("ddtfmeta", meta_raw)
+    dd = DedupDev.create("ddtfault", meta, data, LOGICAL_MIB * ddlib.MIB // 512,
+                         ["commit_interval", "3600"])
+    before = {lba: block_data(seed, lba) for lba in range(32)}
+    with BlockDev(dd.path) as bd:
+        for lba, d in before.items():
+            bd.write(lba, d)
+        bd.fsync()
+        assert dd.status()["mode"] == "rw"
+
+        # From now on every write to the metadata device fails.
+        swap_table("ddtfmeta", "0 %d flakey %s 0 0 1 1 error_writes" % (sectors, meta_raw))
+        for lba in range(32, 48):
+            bd.write(lba, block_data(seed, lba))   # acknowledged, not yet durable
+        with pytest.raises(OSError) as e:
+            bd.fsync()
+        assert e.value.errno == errno.EIO
+        st = dd.status()
+        assert st["mode"] == "ro", st["raw"]
+        assert any("switching to ro mode" in l for l in ddlib.dmesg_tail(40)), \
+            "no kernel log line announcing read-only mode"
+        with pytest.raises(OSError) as e:
+            bd.write(100, block_data(seed, 100))
+        assert e.value.errno == errno.EIO
+        # The device now shows its last commit, as a crash would: flushed
+        # blocks exactly, unflushed ones old (never written: zeros) or new.
+        for lba in range(32):
+            assert bd.read(lba) == block_data(seed, lba), "lba %d" % lba
+        for lba in range(32, 48):
+            assert bd.read(lba) in (ddlib.ZERO, block_data(seed, lba)), "lba %d" % lba
+
+    dd.remove()
+    swap_table("ddtfmeta", "0 %d linear %s 0" % (sectors, meta_raw))
+    dd.activate()
+    st = dd.status()
+    assert st["mode"] == "rw"
+    assert st["mapped"] == 32, "reopened at a state other than the last commit"
+    with BlockDev(dd.path) as bd:
+        for lba, d in before.items():
+            assert bd.read(lba) == d, "committed lba %d lost" % lba
+        for lba in range(32, 48):
+            assert bd.read(lba) == ddlib.ZERO, "uncommitted lba %d survived" % lba
+        bd.write(200, block_data(seed, 200))
+        bd.fsync()
+    dd.remove()
+    run(["dmsetup", "remove", "ddtfmeta"])
+
+
+def test_data_read_error_is_passed_up(backing, seed):
+    meta = backing.loop(META_MIB, "meta")
+    data_raw = backing.loop(DATA_MIB, "data")
+    data, sectors = linear("ddtfdata", data_raw)
+    dd = DedupDev.create("ddtfault", meta, data, LOGICAL_MIB * ddlib.MIB // 512)
+    with BlockDev(dd.path) as bd:
+        bd.write(0, block_data(seed, 0))
+        bd.fsync()
+    # All reads of the data device fail from now on (flakey: reads error
+    # while down unless a write feature is given).
+    swap_table("ddtfdata", "0 %d flakey %s 0 0 1" % (sectors, data_raw))
+    with BlockDev(dd.path) as bd:
+        with pytest.raises(OSError) as e:
+            bd.read(0)
+        assert e.value.errno == errno.EIO
+        assert bd.read(5) == ddlib.ZERO    # unmapped: never touches the disk
+    swap_table("ddtfdata", "0 %d linear %s 0" % (sectors, data_raw))
+    with BlockDev(dd.path) as bd:
+        assert bd.read(0) == block_data(seed, 0)
+    assert dd.status()["mode"] == "rw"
+    dd.remove()
+    run(["dmsetup", "remove", "ddtfdata"])

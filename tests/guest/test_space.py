@@ -1,0 +1,97 @@
+"""Data device full (ENOSPC for new content, dups and zeros still succeed) and
+the low_water_mark event."""
+
+import errno
+import time
+
+import ddlib
+from ddlib import BlockDev, ZERO, block_data, verify_blocks
+
+
+def fill_unique(d, seed, first_id, start_lba, limit):
+    """Write unique blocks until a write fails.  Returns (expected map,
+    number written, the OSError that stopped it or None)."""
+    exp = {}
+    err = None
+    with BlockDev(d.path) as bd:
+        for i in range(limit):
+            data = block_data(seed, first_id + i)
+            try:
+                bd.write(start_lba + i, data)
+            except OSError as e:
+                err = e
+                break
+            exp[start_lba + i] = data
+    return exp, len(exp), err
+
+
+def test_data_device_full(make_dedup, seed):
+    # 2 MiB data = 512 blocks; 8 MiB logical = 2048 blocks
+    d = make_dedup(meta_mib=8, data_mib=2, logical_mib=8)
+    total = d.status()["data_total"]
+    assert total == 512
+    exp, n, err = fill_unique(d, seed, 0, 0, total + 16)
+    assert err is not None, "no error after %d unique blocks on a %d-block data device" % (
+        n, total)
+    assert err.errno == errno.ENOSPC, "expected ENOSPC, got %r" % err
+    assert n == total, "only %d of %d data blocks could be used" % (n, total)
+    st = d.status()
+    assert st["data_used"] == total, st
+    assert st["mapped"] == total, st
+    assert st["mode"] == "rw", st
+
+    with BlockDev(d.path) as bd:
+        # the failed LBA was not mapped
+        assert bd.read(n) == ZERO
+        # another new content still fails
+        try:
+            bd.write(n + 1, block_data(seed, 10**6))
+            raise AssertionError("second unique write succeeded on a full device")
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        # duplicates and zeros still succeed
+        bd.write(1000, block_data(seed, 0))
+        exp[1000] = block_data(seed, 0)
+        bd.write(1001, block_data(seed, 5))
+        exp[1001] = block_data(seed, 5)
+        bd.write(1002, ZERO)
+        # overwrite a duplicate with another duplicate: fine too (and frees
+        # nothing: id 0 is still at LBA 0)
+        bd.write(1000, block_data(seed, 9))
+        exp[1000] = block_data(seed, 9)
+    st = d.status()
+    assert st["data_used"] == total, st
+    assert st["duplicate_writes"] == 3, st
+    assert st["zero_writes"] == 1, st
+    verify_blocks(d.path, exp, nblocks=d.nblocks)
+
+    # free 10 blocks (LBAs 20..29 hold unshared contents), commit, write again
+    ddlib.discard(d.path, 20, 10)
+    for lba in range(20, 30):
+        del exp[lba]
+    d.commit()
+    assert d.status()["data_used"] == total - 10
+    more, m, err = fill_unique(d, seed, 5000, 1500, 20)
+    exp.update(more)
+    assert m == 10, "after freeing 10 blocks, %d unique writes succeeded (%r)" % (m, err)
+    assert err is not None and err.errno == errno.ENOSPC, err
+    verify_blocks(d.path, exp, nblocks=d.nblocks)
+
+
+def test_low_water_mark_event(make_dedup, seed):
+    d = make_dedup(meta_mib=8, data_mib=2, logical_mib=8,
+                   opts=["low_water_mark", "16"])
+    total = d.status()["data_total"]
+    ev0 = d.events()
+    # free = total - n; stay above the mark
+    exp, n, err = fill_unique(d, seed, 0, 0, total - 17)
+    assert err is None and d.status()["data_used"] == total - 17
+    assert d.events() == ev0, "event raised while free blocks (17) > low_water_mark (16)"
+    more, m, err = fill_unique(d, seed, 10000, n, 1)       # free = 16
+    assert err is None
+    exp.update(more)
+    deadline = time.time() + 10          # the event may be raised from a worker
+    while d.events() == ev0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert d.events() > ev0, "no dm event when free blocks reached low_water_mark"
+    verify_blocks(d.path, exp)
