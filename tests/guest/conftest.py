@@ -74,11 +74,24 @@ def kmsg_check(request):
     it (including its fixtures' teardown: this fixture is set up first)."""
     k = ddlib.Kmsg()
     yield k
+    # Every test ends with the module unloading cleanly (no device, work or
+    # memory left behind), then loaded again for the next one.
+    unload = None
+    if ddlib.module_loaded() and os.environ.get("DD_NO_MODULE") != "1":
+        if ddlib.dm_devices_with_target("dedup"):
+            unload = "dedup devices left behind: %s" % ddlib.dm_devices_with_target("dedup")
+        else:
+            p = ddlib.run(["rmmod", "dm_dedup"], check=False)
+            if p.returncode:
+                unload = "rmmod dm_dedup failed: %s" % p.stderr.strip()
+            ddlib.load_dedup_module()
     bad = k.bad_lines()
     k.close()
     if bad:
         pytest.fail("kernel log has problems during %s:\n%s" % (
             request.node.nodeid, "\n".join(bad[:80])), pytrace=False)
+    if unload:
+        pytest.fail("after %s: %s" % (request.node.nodeid, unload), pytrace=False)
 
 
 class TestTimeout(Exception):

@@ -31,7 +31,7 @@ def dedup_vmalloc():
     return areas
 
 
-def test_index_ram_per_data_block(backing):
+def test_index_ram_per_data_block(backing, record_property):
     before = sum(dedup_vmalloc().values())
     meta = backing.loop(META_MIB, "meta")
     data = backing.loop(DATA_MIB, "data")
@@ -41,8 +41,9 @@ def test_index_ram_per_data_block(backing):
     blocks = dd.status()["data_total"]
     assert blocks == DATA_MIB * ddlib.MIB // 4096
     index = areas.get("dd_index_init", 0)
-    print("vmalloc by caller:", areas)
-    print("index %.2f B/block, all vmalloc %.2f B/block" % (index / blocks, total / blocks))
+    record_property("vmalloc_by_caller", areas)
+    record_property("index_bytes_per_data_block", round(index / blocks, 3))
+    record_property("vmalloc_bytes_per_data_block", round(total / blocks, 3))
     assert index > 0, "index allocation not found in /proc/vmallocinfo"
     assert index / blocks <= 12.0
     assert total / blocks <= 12.0

@@ -104,3 +104,22 @@ def test_estimate_matches_target(backing, seed, tmp_path):
     assert st["zero_writes"] == at4k["zero_blocks"] == 20
     assert st["duplicate_writes"] == at4k["duplicate_blocks"] == 180
     assert est["target"]["data_blocks"] == st["data_used"]
+
+
+def test_stats_of_live_device(make_dedup, seed):
+    """`dedup stats` reads a live device: its figures are the target's."""
+    dd = make_dedup(META_MIB, DATA_MIB, LOGICAL_MIB)
+    write_ids(dd.path, seed, [1, 2, 1, 1, None, 3])
+    st = dd.status()
+    js = json.loads(dedup_tool("stats", dd.name, "--json").stdout)
+    assert js["name"] == dd.name and js["mode"] == "rw"
+    assert js["mapped_blocks"] == st["mapped"] == 5
+    assert js["data_blocks_live"] == 3
+    assert js["unique_writes"] == 3 and js["duplicate_writes"] == 2
+    assert js["zero_writes"] == 1
+    assert abs(js["dedup_ratio"] - 5 / 3) < 1e-6
+    assert abs(js["space_savings_percent"] - 40.0) < 1e-6
+    human = dedup_tool("stats", dd.name).stdout
+    assert dd.name in human and "rw" in human
+    p = dedup_tool("stats", "ddt-no-such-device", check=False)
+    assert p.returncode != 0 and p.stderr.strip()
