@@ -96,6 +96,19 @@ static void dd_fill_sb(struct dd_metadata *md, struct dd_superblock *sb)
 	sb->discarded_blocks = cpu_to_le64(md->discarded);
 }
 
+/* The accounting of the last commit, as the running transaction's start. */
+static void dd_load_committed_counters(struct dd_metadata *md)
+{
+	const struct dd_superblock *sb = &md->sb;
+
+	md->mapped = le64_to_cpu(sb->mapped_blocks);
+	md->live = le64_to_cpu(sb->used_data_blocks);
+	md->unique_writes = le64_to_cpu(sb->unique_writes);
+	md->duplicate_writes = le64_to_cpu(sb->duplicate_writes);
+	md->zero_writes = le64_to_cpu(sb->zero_writes);
+	md->discarded = le64_to_cpu(sb->discarded_blocks);
+}
+
 static int dd_format(struct dd_metadata *md)
 {
 	struct dd_superblock *sb = &md->sb;
@@ -234,12 +247,7 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		*error = "metadata is damaged (see the lines above); run dedup check";
 		return r;
 	}
-	md->mapped = le64_to_cpu(sb->mapped_blocks);
-	md->live = le64_to_cpu(sb->used_data_blocks);
-	md->unique_writes = le64_to_cpu(sb->unique_writes);
-	md->duplicate_writes = le64_to_cpu(sb->duplicate_writes);
-	md->zero_writes = le64_to_cpu(sb->zero_writes);
-	md->discarded = le64_to_cpu(sb->discarded_blocks);
+	dd_load_committed_counters(md);
 	if (scan.refs != md->mapped || scan.live != md->live ||
 	    scan.fingerprinted != scan.live) {
 		DMERR("metadata inconsistent: refcounts sum to %llu, mapped %llu",
@@ -636,12 +644,7 @@ void dd_md_abort(struct dd_metadata *md)
 	md->map.root = le64_to_cpu(sb->map_root);
 	md->refcount.root = le64_to_cpu(sb->refcount_root);
 	md->fingerprint.root = le64_to_cpu(sb->fingerprint_root);
-	md->mapped = le64_to_cpu(sb->mapped_blocks);
-	md->live = le64_to_cpu(sb->used_data_blocks);
-	md->unique_writes = le64_to_cpu(sb->unique_writes);
-	md->duplicate_writes = le64_to_cpu(sb->duplicate_writes);
-	md->zero_writes = le64_to_cpu(sb->zero_writes);
-	md->discarded = le64_to_cpu(sb->discarded_blocks);
+	dd_load_committed_counters(md);
 }
 
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
