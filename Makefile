@@ -3,6 +3,7 @@
 #   make              build dm-dedup/dm-dedup.ko against the 6.12 headers
 #   make KDIR=...     build against another kernel tree
 #   make static       W=1 and sparse (C=1) builds, checkpatch --strict
+#   make kunit        KUnit suite under UML (scripts/kunit.sh)
 #   make test         every test (installs what it needs)
 #   make demo         the main demo in a guest
 #   make install      install the module into /lib/modules/$(KVER)
@@ -14,7 +15,7 @@ MOD_DIR := $(CURDIR)/dm-dedup
 CHECKPATCH ?= $(firstword $(wildcard /usr/src/linux-source-6.12/scripts/checkpatch.pl) \
 		$(KDIR)/scripts/checkpatch.pl)
 
-.PHONY: all module static w1 sparse checkpatch test demo install clean
+.PHONY: all module static w1 sparse checkpatch kunit test demo install clean
 
 all: module
 
@@ -36,6 +37,9 @@ checkpatch:
 		--ignore SPDX_LICENSE_TAG,FILE_PATH_CHANGES -f $(filter-out %.mod.c,$(wildcard $(MOD_DIR)/*.[ch]))
 
 static: w1 sparse checkpatch
+
+kunit:
+	scripts/kunit.sh
 
 test:
 	tests/run-all.sh

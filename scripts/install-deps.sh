@@ -92,7 +92,7 @@ fi
 # --- 2. Debian packages from bookworm ------------------------------------------
 PKGS=(linux-image-6.12-amd64 linux-headers-6.12-amd64 build-essential sparse fio
       xfsprogs e2fsprogs dmsetup python3-pytest kmod udev rsync util-linux
-      dkms linux-source-6.12 xz-utils)
+      dkms linux-source-6.12 xz-utils flex bison bc)
 missing=()
 for p in "${PKGS[@]}"; do is_installed "$p" || missing+=("$p"); done
 if [ "${#missing[@]}" = 0 ]; then

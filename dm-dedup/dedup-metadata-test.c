@@ -1,0 +1,998 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * KUnit tests of the metadata verbs (dedup-metadata.c) on a ram disk:
+ * format and reopen, the map and refcounts, commit and abort, and what
+ * activation accepts or refuses.
+ */
+#include <kunit/test.h>
+#include <linux/string.h>
+#include <linux/unaligned.h>
+
+#include "dedup-metadata.h"
+#include "dedup-test-util.h"
+
+/* Byte offsets in the superblock, from Documentation/dedup-format.rst. */
+#define DD_SB_OFF_VERSION	40
+#define DD_SB_OFF_MAP_ROOT	112
+#define DD_SB_OFF_REFCOUNT_ROOT	120
+#define DD_SB_OFF_MAPPED	136
+#define DD_SB_OFF_FORMAT_TIME	184
+
+/* What the metadata reported through its callbacks. */
+struct dd_test_events {
+	unsigned int freed;
+	u64 freed_pba[8];
+	u8 freed_fp[8][DD_FP_SIZE];
+	unsigned int reusable;
+	u64 reusable_begin[8];
+	u64 reusable_end[8];
+	unsigned int visited;
+	u64 visited_pba[8];
+	u8 visited_fp[8][DD_FP_SIZE];
+};
+
+static void dd_test_on_free(void *ctx, u64 pba, const u8 *fp)
+{
+	struct dd_test_events *ev = ctx;
+
+	if (ev->freed < ARRAY_SIZE(ev->freed_pba)) {
+		ev->freed_pba[ev->freed] = pba;
+		memcpy(ev->freed_fp[ev->freed], fp, DD_FP_SIZE);
+	}
+	ev->freed++;
+}
+
+static void dd_test_on_reusable(void *ctx, u64 begin, u64 end)
+{
+	struct dd_test_events *ev = ctx;
+
+	if (ev->reusable < ARRAY_SIZE(ev->reusable_begin)) {
+		ev->reusable_begin[ev->reusable] = begin;
+		ev->reusable_end[ev->reusable] = end;
+	}
+	ev->reusable++;
+}
+
+static int dd_test_visit(void *ctx, u64 pba, const u8 *fp)
+{
+	struct dd_test_events *ev = ctx;
+
+	if (ev->visited < ARRAY_SIZE(ev->visited_pba)) {
+		ev->visited_pba[ev->visited] = pba;
+		memcpy(ev->visited_fp[ev->visited], fp, DD_FP_SIZE);
+	}
+	ev->visited++;
+	return 0;
+}
+
+static struct dd_md_config *dd_test_cfg(struct kunit *test, u64 logical,
+					u64 data)
+{
+	struct dd_md_config *cfg = kunit_kzalloc(test, sizeof(*cfg),
+						 GFP_KERNEL);
+	struct dd_test_events *ev = kunit_kzalloc(test, sizeof(*ev),
+						  GFP_KERNEL);
+
+	KUNIT_ASSERT_NOT_NULL(test, cfg);
+	KUNIT_ASSERT_NOT_NULL(test, ev);
+	dd_test_md_config(cfg, logical, data);
+	cfg->visit = dd_test_visit;
+	cfg->on_free = dd_test_on_free;
+	cfg->on_reusable = dd_test_on_reusable;
+	cfg->ctx = ev;
+	return cfg;
+}
+
+static struct dd_test_events *dd_test_ev(const struct dd_md_config *cfg)
+{
+	return cfg->ctx;
+}
+
+static int dd_test_try_open(struct block_device *bdev,
+			    const struct dd_md_config *cfg, const char **error)
+{
+	struct dd_metadata *md = NULL;
+	char *err = NULL;
+	int r;
+
+	r = dd_md_open(bdev, cfg, &md, &err);
+	if (!r)
+		dd_md_close(md);
+	*error = err ?: "";
+	return r;
+}
+
+static u64 dd_test_alloc(struct kunit *test, struct dd_metadata *md)
+{
+	u64 pba = U64_MAX;
+
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba), 0);
+	return pba;
+}
+
+/* A unique write: a new physical block with content @seed for @lba. */
+static u64 dd_test_write(struct kunit *test, struct dd_metadata *md, u64 lba,
+			 u64 seed)
+{
+	u8 fp[DD_FP_SIZE];
+	u64 pba = dd_test_alloc(test, md);
+
+	dd_test_fp(fp, seed);
+	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, lba, pba, fp), 0);
+	return pba;
+}
+
+/* A duplicate write: @lba shares @pba. */
+static void dd_test_share(struct kunit *test, struct dd_metadata *md, u64 lba,
+			  u64 pba)
+{
+	KUNIT_ASSERT_EQ(test, dd_md_get_ref(md, pba), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_map_claimed(md, lba, pba), 0);
+}
+
+static void dd_test_expect_map(struct kunit *test, struct dd_metadata *md,
+			       u64 lba, u64 pba)
+{
+	u64 got = U64_MAX;
+
+	KUNIT_EXPECT_EQ_MSG(test, dd_md_lookup(md, lba, &got, false), 0,
+			    "lba %llu", lba);
+	KUNIT_EXPECT_EQ_MSG(test, got, pba, "lba %llu", lba);
+}
+
+static void dd_test_expect_unmapped(struct kunit *test, struct dd_metadata *md,
+				    u64 lba)
+{
+	u64 got;
+
+	KUNIT_EXPECT_EQ_MSG(test, dd_md_lookup(md, lba, &got, false), -ENODATA,
+			    "lba %llu", lba);
+}
+
+static u32 dd_test_refcount(struct kunit *test, struct dd_metadata *md,
+			    u64 pba)
+{
+	u32 rc = U32_MAX - 7;
+
+	KUNIT_EXPECT_EQ(test, dd_md_get_refcount(md, pba, &rc), 0);
+	return rc;
+}
+
+static void dd_test_expect_fp(struct kunit *test, struct dd_metadata *md,
+			      u64 pba, u64 seed)
+{
+	u8 want[DD_FP_SIZE], got[DD_FP_SIZE];
+
+	dd_test_fp(want, seed);
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, pba, got), 0);
+	KUNIT_EXPECT_MEMEQ_MSG(test, got, want, DD_FP_SIZE, "pba %llu", pba);
+}
+
+static struct dd_md_stats dd_test_stats(struct dd_metadata *md)
+{
+	struct dd_md_stats st;
+
+	dd_md_stats(md, &st);
+	return st;
+}
+
+/* The slot holding the superblock with the highest generation. */
+static u64 dd_test_sb_slot(struct kunit *test, struct block_device *bdev,
+			   u8 *raw)
+{
+	u64 gen[DD_SB_SLOTS] = {}, slot;
+
+	for (slot = 0; slot < DD_SB_SLOTS; slot++) {
+		dd_test_read_block(test, bdev, slot, raw);
+		if (dd_block_csum_ok(raw))
+			gen[slot] = get_unaligned_le64(raw + 16);
+	}
+	KUNIT_ASSERT_NE(test, gen[0] + gen[1], 0);
+	slot = gen[1] > gen[0];
+	dd_test_read_block(test, bdev, slot, raw);
+	return slot;
+}
+
+/*
+ * Change the committed metadata of a closed device behind the kernel's
+ * back, with a valid checksum: @size bytes at @offset of the payload of
+ * the array whose root the superblock keeps at @root_off. The root must
+ * be a leaf (a small array).
+ */
+static void dd_test_patch_leaf(struct kunit *test, struct block_device *bdev,
+			       unsigned int root_off, unsigned int offset,
+			       u64 value, unsigned int size)
+{
+	u8 *sb = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u8 *leaf = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 root;
+
+	KUNIT_ASSERT_NOT_NULL(test, sb);
+	KUNIT_ASSERT_NOT_NULL(test, leaf);
+	dd_test_sb_slot(test, bdev, sb);
+	root = get_unaligned_le64(sb + root_off);
+	KUNIT_ASSERT_NE(test, root, 0);
+	dd_test_read_block(test, bdev, root, leaf);
+	KUNIT_ASSERT_EQ(test, get_unaligned_le32(leaf + 4), DD_BT_LEAF);
+	if (size == 4)
+		put_unaligned_le32(value, leaf + DD_HEADER_SIZE + offset);
+	else
+		put_unaligned_le64(value, leaf + DD_HEADER_SIZE + offset);
+	put_unaligned_le32(dd_block_csum(leaf), leaf);
+	dd_test_write_block(test, bdev, root, leaf);
+	kunit_kfree(test, sb);
+	kunit_kfree(test, leaf);
+}
+
+/* The same for a field of the newest superblock. */
+static void dd_test_patch_sb(struct kunit *test, struct block_device *bdev,
+			     unsigned int offset, u64 value, unsigned int size)
+{
+	u8 *sb = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 slot;
+
+	KUNIT_ASSERT_NOT_NULL(test, sb);
+	slot = dd_test_sb_slot(test, bdev, sb);
+	if (size == 4)
+		put_unaligned_le32(value, sb + offset);
+	else
+		put_unaligned_le64(value, sb + offset);
+	put_unaligned_le32(dd_block_csum(sb), sb);
+	dd_test_write_block(test, bdev, slot, sb);
+	kunit_kfree(test, sb);
+}
+
+/*
+ * Formatting writes exactly the superblock of the documentation's
+ * example, up to the time of day.
+ */
+static void dd_md_test_format(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 65536, 16384);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_md_stats st = dd_test_stats(md);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	KUNIT_EXPECT_EQ(test, st.transaction_id, 1);
+	KUNIT_EXPECT_EQ(test, st.metadata_total, DD_TEST_DEV_BLOCKS);
+	KUNIT_EXPECT_EQ(test, st.metadata_used, DD_FIRST_TREE_BLOCK);
+	KUNIT_EXPECT_EQ(test, st.data_total, 16384);
+	KUNIT_EXPECT_EQ(test, st.data_used, 0);
+	KUNIT_EXPECT_EQ(test, st.mapped, 0);
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 16384);
+
+	dd_test_read_block(test, bdev, 0, raw);
+	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
+	dd_test_read_block(test, bdev, 1, raw);
+	KUNIT_EXPECT_TRUE(test, dd_block_csum_ok(raw));
+	KUNIT_EXPECT_GT(test, get_unaligned_le64(raw + DD_SB_OFF_FORMAT_TIME),
+			1700000000);
+	put_unaligned_le64(1795316469, raw + DD_SB_OFF_FORMAT_TIME);
+	KUNIT_EXPECT_EQ(test, dd_block_csum(raw), 0xD6818B5A);
+	put_unaligned_le32(dd_block_csum(raw), raw);
+	KUNIT_EXPECT_MEMEQ(test, raw, dd_test_example_sb, 192);
+	KUNIT_EXPECT_NULL(test, memchr_inv(raw + 192, 0, DD_BLOCK_SIZE - 192));
+
+	/* a commit without changes writes nothing */
+	KUNIT_EXPECT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 1);
+	dd_test_read_block(test, bdev, 0, raw);
+	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
+}
+
+/* What the kernel refuses to open, and that it then writes nothing. */
+static void dd_md_test_open_refused(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const char *error;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	cfg->logical_blocks = 4000000;
+	KUNIT_EXPECT_GT(test, dd_md_required_blocks(4000000, 100),
+			DD_TEST_DEV_BLOCKS);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_STREQ(test, error, "metadata device too small");
+
+	cfg->logical_blocks = 1000;
+	cfg->read_only = true;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "read_only"));
+	cfg->read_only = false;
+	dd_test_read_block(test, bdev, 1, raw);
+	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
+
+	/* something else's data is never formatted over */
+	memset(raw, 0xab, DD_BLOCK_SIZE);
+	dd_test_write_block(test, bdev, 0, raw);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "refusing to format"));
+	dd_test_read_block(test, bdev, 1, raw);
+	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
+}
+
+/* Reopening checks the table against the superblock, field by field. */
+static void dd_md_test_identity(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	const char *error;
+
+	dd_test_write(test, md, 3, 3);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	cfg->logical_blocks = 1001;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "logical_blocks"));
+	cfg->logical_blocks = 1000;
+	cfg->data_blocks = 99;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "data_blocks"));
+	cfg->data_blocks = 100;
+	cfg->hash_name = "sha512";
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "hash"));
+	cfg->hash_name = "sha256";
+	cfg->fp_size = 16;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "hash"));
+	cfg->fp_size = DD_FP_SIZE;
+
+	/* identity_only stops before activation, but after the check */
+	cfg->identity_only = true;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->visited, 0);
+	cfg->logical_blocks = 7;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	cfg->logical_blocks = 1000;
+	cfg->identity_only = false;
+
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 3, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->visited, 1);
+	dd_test_md_close(test, md);
+
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_VERSION, 2, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_STREQ(test, error,
+			   "metadata format version not supported");
+}
+
+/*
+ * Map, share, look up, commit and reopen, at the edges: LBA 0 and the
+ * last LBA, PBA 0 and the last PBA. Reopening must rebuild the same
+ * accounting from the trees and report every live block once.
+ */
+static void dd_md_test_map_reopen(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 8);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_md_stats st, st2;
+	u64 pba[8], got;
+	unsigned int i;
+	u32 rc;
+	u8 fp[DD_FP_SIZE];
+
+	for (i = 0; i < 8; i++)
+		pba[i] = dd_test_alloc(test, md);
+	KUNIT_EXPECT_EQ(test, pba[0], 0);
+	KUNIT_EXPECT_EQ(test, pba[7], 7);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got), -ENOSPC);
+	/* failed writes give their blocks back at once */
+	for (i = 1; i < 7; i++)
+		dd_md_free_data_now(md, pba[i]);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 6);
+
+	dd_test_fp(fp, 100);
+	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 0, 0, fp), 0);
+	dd_test_fp(fp, 107);
+	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 999, 7, fp), 0);
+	dd_test_share(test, md, 500, 0);
+	KUNIT_EXPECT_TRUE(test, dd_md_dirty(md));
+
+	dd_test_expect_map(test, md, 0, 0);
+	dd_test_expect_map(test, md, 500, 0);
+	dd_test_expect_map(test, md, 999, 7);
+	dd_test_expect_unmapped(test, md, 1);
+	dd_test_expect_unmapped(test, md, 998);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 1000, &got, false), -ERANGE);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 7), 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 3), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_get_refcount(md, 8, &rc), -ERANGE);
+	dd_test_expect_fp(test, md, 0, 100);
+	dd_test_expect_fp(test, md, 7, 107);
+
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.mapped, 3);
+	KUNIT_EXPECT_EQ(test, st.data_live, 2);
+	KUNIT_EXPECT_EQ(test, st.data_used, 2);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 2);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 1);
+	KUNIT_EXPECT_EQ(test, st.transaction_id, 1);
+
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.transaction_id, 2);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	st2 = dd_test_stats(md);
+	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
+	dd_test_expect_map(test, md, 0, 0);
+	dd_test_expect_map(test, md, 500, 0);
+	dd_test_expect_map(test, md, 999, 7);
+	dd_test_expect_unmapped(test, md, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), 2);
+	dd_test_expect_fp(test, md, 7, 107);
+
+	/* the index is rebuilt from exactly the live blocks */
+	KUNIT_ASSERT_EQ(test, ev->visited, 2);
+	KUNIT_EXPECT_EQ(test, ev->visited_pba[0], 0);
+	KUNIT_EXPECT_EQ(test, ev->visited_pba[1], 7);
+	dd_test_fp(fp, 100);
+	KUNIT_EXPECT_MEMEQ(test, ev->visited_fp[0], fp, DD_FP_SIZE);
+	/* and what is free after a reopen is what was free before */
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 1);
+}
+
+/*
+ * A block whose last reference goes stays allocated until the commit,
+ * even when the data device is full; then it becomes reusable and the
+ * target hears about it.
+ */
+static void dd_md_test_free_after_commit(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 16, 4);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	u8 fp[DD_FP_SIZE];
+	u64 lba, pba;
+
+	for (lba = 0; lba < 4; lba++)
+		KUNIT_ASSERT_EQ(test, dd_test_write(test, md, lba, lba), lba);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
+
+	KUNIT_ASSERT_EQ(test, dd_md_map_zero(md, 0), 0);
+	dd_test_expect_unmapped(test, md, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), 0);
+	KUNIT_ASSERT_EQ(test, ev->freed, 1);
+	KUNIT_EXPECT_EQ(test, ev->freed_pba[0], 0);
+	dd_test_fp(fp, 0);
+	KUNIT_EXPECT_MEMEQ(test, ev->freed_fp[0], fp, DD_FP_SIZE);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 1);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba), -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).zero_writes, 1);
+	KUNIT_EXPECT_EQ(test, ev->reusable, 0);
+
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, ev->reusable, 1);
+	KUNIT_EXPECT_EQ(test, ev->reusable_begin[0], 0);
+	KUNIT_EXPECT_EQ(test, ev->reusable_end[0], 1);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 1);
+
+	/* an overwrite: the new block comes from the freed one */
+	pba = dd_test_write(test, md, 1, 50);
+	KUNIT_EXPECT_EQ(test, pba, 0);
+	KUNIT_ASSERT_EQ(test, ev->freed, 2);
+	KUNIT_EXPECT_EQ(test, ev->freed_pba[1], 1);
+	dd_test_expect_map(test, md, 1, 0);
+	dd_test_expect_fp(test, md, 0, 50);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba), -ENOSPC);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, ev->reusable, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 1);
+	dd_md_free_data_now(md, 1);
+
+	dd_test_md_close(test, md);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 3);
+	dd_test_expect_map(test, md, 1, 0);
+	dd_test_expect_unmapped(test, md, 0);
+}
+
+/*
+ * Rewriting a logical block with the content it already holds: the
+ * target takes a reference on the block it found and maps it again. The
+ * old mapping's reference is dropped, so nothing changes but the count
+ * of duplicate writes; in particular the block is not freed in between.
+ */
+static void dd_md_test_rewrite_same(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	u64 pba;
+
+	pba = dd_test_write(test, md, 0, 1);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_share(test, md, 0, pba);
+	dd_test_expect_map(test, md, 0, pba);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).duplicate_writes, 1);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 0);
+	KUNIT_EXPECT_EQ(test, ev->freed, 0);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
+}
+
+/*
+ * Metadata blocks follow the same rule: a change copies the path to the
+ * entry, the originals are freed by the commit, and the count after a
+ * reopen (rebuilt by walking the trees) equals the running count.
+ */
+static void dd_md_test_metadata_blocks(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 2000, 2000);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 used, pba;
+
+	pba = dd_test_write(test, md, 0, 1);
+	dd_test_write(test, md, 1999, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	used = dd_test_stats(md).metadata_used;
+	/* three arrays of height 1: map root and leaves 0 and 3, two more */
+	KUNIT_EXPECT_EQ(test, used, DD_FIRST_TREE_BLOCK + 3 + 2 + 2);
+
+	/* refcount root and leaf, map root and leaf */
+	dd_test_share(test, md, 1, pba);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used + 4);
+	dd_test_share(test, md, 2, pba);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used + 4);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used);
+
+	dd_test_md_close(test, md);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 3);
+}
+
+/* After an abort the device is the last commit, and stays so. */
+static void dd_md_test_abort(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_md_stats st;
+	u64 pba0, pba1, n, got;
+	u8 fp[DD_FP_SIZE];
+
+	pba0 = dd_test_write(test, md, 0, 10);
+	pba1 = dd_test_write(test, md, 1, 11);
+	dd_test_share(test, md, 2, pba0);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	st = dd_test_stats(md);
+
+	dd_test_write(test, md, 0, 20);
+	dd_test_share(test, md, 3, pba1);
+	dd_test_write(test, md, 999, 21);
+	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 1, 3, &n), 0);
+	KUNIT_EXPECT_EQ(test, n, 2);
+	dd_md_abort(md);
+
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_expect_map(test, md, 1, pba1);
+	dd_test_expect_map(test, md, 2, pba0);
+	dd_test_expect_unmapped(test, md, 3);
+	dd_test_expect_unmapped(test, md, 999);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba0), 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba1), 1);
+	dd_test_expect_fp(test, md, pba0, 10);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, st.mapped);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, st.data_live);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).unique_writes,
+			st.unique_writes);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).duplicate_writes,
+			st.duplicate_writes);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).discarded, st.discarded);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id,
+			st.transaction_id);
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+
+	dd_test_fp(fp, 30);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_map_new(md, 5, 50, fp), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_map_zero(md, 0), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, pba0), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_put_ref(md, pba0), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 0, 10, &n), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_commit(md), -EROFS);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_expect_map(test, md, 2, pba0);
+	dd_test_expect_unmapped(test, md, 3);
+	dd_test_expect_unmapped(test, md, 999);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, st.mapped);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, st.data_used);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used,
+			st.metadata_used);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id,
+			st.transaction_id);
+}
+
+/*
+ * A refcount saturates at U32_MAX: one more reference is refused with
+ * -EOVERFLOW and the count stays, so that it can never wrap to 0 and
+ * free a block that 2^32 logical blocks still map (the target then
+ * stores the data again instead). Getting there takes a refcount the
+ * tests write onto the device: 4 billion writes are not an option.
+ */
+static void dd_md_test_refcount_max(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	u64 pba;
+
+	pba = dd_test_write(test, md, 0, 1);
+	KUNIT_ASSERT_EQ(test, pba, 0);
+	dd_test_write(test, md, 1, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	dd_test_patch_leaf(test, bdev, DD_SB_OFF_REFCOUNT_ROOT, 0,
+			   U32_MAX - 1, 4);
+	/* activation checks the sum of refcounts: U32_MAX - 1 plus 1 */
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_MAPPED, U32_MAX, 8);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX - 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, (u64)U32_MAX);
+
+	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
+	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 0), -EOVERFLOW);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
+	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 0), -EOVERFLOW);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
+	/* the reference taken before saturation is used */
+	KUNIT_ASSERT_EQ(test, dd_md_map_claimed(md, 2, 0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, (u64)U32_MAX + 1);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, (u64)U32_MAX + 1);
+	/* dropping references from the top works as from anywhere */
+	KUNIT_EXPECT_EQ(test, dd_md_map_zero(md, 2), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX - 1);
+	KUNIT_EXPECT_EQ(test, dd_md_put_ref(md, 0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX - 2);
+	KUNIT_EXPECT_EQ(test, ev->freed, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 2);
+}
+
+/* References on a free block are refused; nothing wraps. */
+static void dd_md_test_refcount_errors(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 fp[DD_FP_SIZE];
+	u64 pba;
+
+	pba = dd_test_write(test, md, 0, 1);
+	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 5), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 5), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_put_ref(md, 5), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 5), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 100), -ERANGE);
+	/* a block allocated twice is caught, and keeps its refcount */
+	dd_test_fp(fp, 2);
+	KUNIT_EXPECT_EQ(test, dd_md_map_new(md, 1, pba, fp), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
+	dd_test_expect_unmapped(test, md, 1);
+}
+
+static void dd_md_test_unmap_range(struct kunit *test)
+{
+	static const u64 lbas[] = { 0, 507, 508, 1000, 1999 };
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 2000, 16);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 pba[ARRAY_SIZE(lbas)], n;
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(lbas); i++)
+		pba[i] = dd_test_write(test, md, lbas[i], i);
+	dd_test_share(test, md, 509, pba[0]);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+
+	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 5, 4, &n), -ERANGE);
+	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 0, 2001, &n), -ERANGE);
+	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 7, 7, &n), 0);
+	KUNIT_EXPECT_EQ(test, n, 0);
+	/* never mapped, in a leaf that does not exist */
+	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 1100, 1500, &n), 0);
+	KUNIT_EXPECT_EQ(test, n, 0);
+
+	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 1, 1001, &n), 0);
+	KUNIT_EXPECT_EQ(test, n, 4);
+	dd_test_expect_map(test, md, 0, pba[0]);
+	dd_test_expect_unmapped(test, md, 507);
+	dd_test_expect_unmapped(test, md, 508);
+	dd_test_expect_unmapped(test, md, 509);
+	dd_test_expect_unmapped(test, md, 1000);
+	dd_test_expect_map(test, md, 1999, pba[4]);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba[0]), 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba[1]), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).discarded, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 2);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 3);
+
+	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 0, 2000, &n), 0);
+	KUNIT_EXPECT_EQ(test, n, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).discarded, 6);
+}
+
+/* A map of height 2: the first and the last LBA, through a reopen. */
+static void dd_md_test_tall_map(struct kunit *test)
+{
+	const u64 logical = 508 * 508 + 1;
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, logical, 4);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 pba, n;
+
+	pba = dd_test_write(test, md, 0, 1);
+	dd_test_share(test, md, logical - 1, pba);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 0, pba);
+	dd_test_expect_map(test, md, logical - 1, pba);
+	dd_test_expect_unmapped(test, md, logical - 2);
+	dd_test_expect_unmapped(test, md, 508 * 508 / 2);
+	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 1, logical, &n), 0);
+	KUNIT_EXPECT_EQ(test, n, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
+}
+
+/*
+ * Short digests (crc32c) keep fp_size bytes and zero the rest, and an
+ * all-zero digest is legitimate for them, not a missing record.
+ */
+static void dd_md_test_short_fingerprint(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	u8 fp[DD_FP_SIZE], got[DD_FP_SIZE], zero[DD_FP_SIZE] = {};
+	struct dd_metadata *md;
+	u64 pba;
+
+	cfg->hash_name = "crc32c";
+	cfg->fp_size = 4;
+	md = dd_test_md_open(test, bdev, cfg);
+	pba = dd_test_write(test, md, 0, 77);
+	dd_test_fp(fp, 77);
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, pba, got), 0);
+	KUNIT_EXPECT_MEMEQ(test, got, fp, 4);
+	KUNIT_EXPECT_NULL(test, memchr_inv(got + 4, 0, DD_FP_SIZE - 4));
+	pba = dd_test_alloc(test, md);
+	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 1, pba, zero), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->visited, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 2);
+}
+
+/*
+ * With a long digest an all-zero record means it was never written: the
+ * format document makes activation refuse it (invariant 15).
+ */
+static void dd_md_test_zero_fingerprint(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 zero[DD_FP_SIZE] = {};
+	const char *error;
+
+	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 0, dd_test_alloc(test, md),
+					    zero), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EILSEQ);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "inconsistent"));
+}
+
+/*
+ * Generations alternate between the slots; a damaged newest superblock
+ * leaves the previous commit, whose blocks nothing has overwritten yet.
+ */
+static void dd_md_test_superblock_fallback(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const char *error;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	dd_test_write(test, md, 0, 1);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_write(test, md, 1, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
+	dd_test_md_close(test, md);
+	KUNIT_EXPECT_EQ(test, dd_test_sb_slot(test, bdev, raw), 1);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + 16), 3);
+
+	dd_test_flip_bit(test, bdev, 1, 150, 3);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 2);
+	dd_test_expect_map(test, md, 0, 0);
+	dd_test_expect_unmapped(test, md, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
+	dd_test_md_close(test, md);
+
+	dd_test_flip_bit(test, bdev, 0, 4000, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "no valid superblock"));
+}
+
+/*
+ * Damage in a committed tree block: activation reads the refcount and
+ * fingerprint trees and refuses them; map leaves are read on lookup.
+ */
+static void dd_md_test_damaged_tree(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *sb = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 map_leaf, rc_leaf, got;
+	const char *error;
+
+	KUNIT_ASSERT_NOT_NULL(test, sb);
+	dd_test_write(test, md, 0, 1);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+	dd_test_sb_slot(test, bdev, sb);
+	map_leaf = get_unaligned_le64(sb + DD_SB_OFF_MAP_ROOT);
+	rc_leaf = get_unaligned_le64(sb + DD_SB_OFF_REFCOUNT_ROOT);
+
+	dd_test_flip_bit(test, bdev, map_leaf, 2500, 7);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 0, &got, false), -EILSEQ);
+	dd_test_md_close(test, md);
+
+	dd_test_flip_bit(test, bdev, rc_leaf, 40, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EILSEQ);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "damaged"));
+}
+
+/* A map entry that points past the data device is corruption. */
+static void dd_md_test_map_beyond_data(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 got;
+
+	dd_test_write(test, md, 0, 1);
+	dd_test_write(test, md, 99, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	/* entry v means PBA v - 1: 100 is the last PBA, 101 is past it */
+	dd_test_patch_leaf(test, bdev, DD_SB_OFF_MAP_ROOT, 0, 100, 8);
+	dd_test_patch_leaf(test, bdev, DD_SB_OFF_MAP_ROOT, 99 * 8, 101, 8);
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 0, 99);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 99, &got, false), -EILSEQ);
+}
+
+/*
+ * Many small commits: the metadata allocator wraps around the device
+ * twice (five blocks shadowed per commit, 4094 blocks), so freed blocks
+ * are reused; the trees must stay intact throughout.
+ */
+static void dd_md_test_commit_churn(struct kunit *test)
+{
+	const unsigned int nr_lba = 256, commits = 2000;
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 4096, 512);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 *pba = kunit_kcalloc(test, nr_lba, sizeof(u64), GFP_KERNEL);
+	u64 *seed = kunit_kcalloc(test, nr_lba, sizeof(u64), GFP_KERNEL);
+	u64 used = 0, lba;
+	unsigned int i, pass;
+
+	KUNIT_ASSERT_NOT_NULL(test, pba);
+	KUNIT_ASSERT_NOT_NULL(test, seed);
+	for (i = 0; i < commits; i++) {
+		/* spread over the map's leaves and the data device */
+		lba = (i * 97) % nr_lba * 16;
+		seed[lba / 16] = 1000 + i;
+		pba[lba / 16] = dd_test_write(test, md, lba, seed[lba / 16]);
+		KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+		if (i == 1000)
+			used = dd_test_stats(md).metadata_used;
+	}
+	/*
+	 * By then every LBA is mapped and the data allocator has been round
+	 * once, so every leaf exists: overwrites take no more space.
+	 */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, nr_lba);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, nr_lba);
+
+	for (pass = 0; pass < 2; pass++) {
+		for (i = 0; i < nr_lba; i++) {
+			dd_test_expect_map(test, md, i * 16, pba[i]);
+			dd_test_expect_fp(test, md, pba[i], seed[i]);
+			KUNIT_EXPECT_EQ(test,
+					dd_test_refcount(test, md, pba[i]), 1);
+		}
+		dd_test_md_close(test, md);
+		md = dd_test_md_open(test, bdev, cfg);
+		KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used);
+		KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id,
+				commits + 1);
+	}
+}
+
+static struct kunit_case dd_md_cases[] = {
+	KUNIT_CASE(dd_md_test_format),
+	KUNIT_CASE(dd_md_test_open_refused),
+	KUNIT_CASE(dd_md_test_identity),
+	KUNIT_CASE(dd_md_test_map_reopen),
+	KUNIT_CASE(dd_md_test_free_after_commit),
+	KUNIT_CASE(dd_md_test_rewrite_same),
+	KUNIT_CASE(dd_md_test_metadata_blocks),
+	KUNIT_CASE(dd_md_test_abort),
+	KUNIT_CASE(dd_md_test_refcount_max),
+	KUNIT_CASE(dd_md_test_refcount_errors),
+	KUNIT_CASE(dd_md_test_unmap_range),
+	KUNIT_CASE(dd_md_test_tall_map),
+	KUNIT_CASE(dd_md_test_short_fingerprint),
+	KUNIT_CASE(dd_md_test_zero_fingerprint),
+	KUNIT_CASE(dd_md_test_superblock_fallback),
+	KUNIT_CASE(dd_md_test_damaged_tree),
+	KUNIT_CASE(dd_md_test_map_beyond_data),
+	KUNIT_CASE_SLOW(dd_md_test_commit_churn),
+	{}
+};
+
+static struct kunit_suite dd_md_suite = {
+	.name = "dm_dedup_metadata",
+	.test_cases = dd_md_cases,
+};
+
+kunit_test_suite(dd_md_suite);
