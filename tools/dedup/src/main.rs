@@ -10,13 +10,14 @@ use dedup_tools::check::{self, CheckOptions};
 use dedup_tools::device::{self, BlockDev, FileDev};
 use dedup_tools::ondisk::{self, SlotState};
 use dedup_tools::util::*;
-use dedup_tools::{dump, estimate, stats, writer};
+use dedup_tools::{dump, estimate, repair, stats, writer};
 
 macro_rules! exit_codes {
     () => {
         "\
 EXIT STATUS
     0   success; for check: no errors (warnings may have been printed)
+    1   repair: errors were corrected
     4   check: errors were found and left uncorrected; dump: the metadata
         has errors (use --force to dump anyway)
     8   operational error: cannot open or read a device, not a dm-dedup
@@ -49,6 +50,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     Check(CheckArgs),
+    Repair(RepairArgs),
     Format(FormatArgs),
     Dump(DumpArgs),
     Restore(RestoreArgs),
@@ -97,6 +99,89 @@ struct CheckArgs {
     /// List at most N problems (all are counted); 0 lists all.
     #[arg(long, value_name = "N", default_value_t = 10000)]
     max_problems: usize,
+}
+
+/// Repair the metadata of a dm-dedup device offline.
+///
+/// Writes consistent metadata from what can be salvaged, reports every
+/// change, and never invents data. Run `dedup check` first: on a device
+/// that check finds clean, repair refuses to run unless --force is given.
+///
+/// What is salvaged. The superblock the kernel would use gives the sizes,
+/// the hash and the counters (if its fields are impossible, the other valid
+/// slot; if no slot is valid, a damaged one whose fields are sane and whose
+/// roots lead to intact trees). The three arrays are walked from it. A tree
+/// block that fails its checksum, sits at the wrong place, is of the wrong
+/// kind, was written after the last commit, or is claimed by two places of
+/// the trees is not trusted, and neither is anything below it.
+///
+/// What is written. Every map entry of an intact map leaf that points
+/// inside the data device is kept with its physical block; the logical
+/// blocks under an untrusted node are lost and read as zeros afterwards.
+/// Refcounts are recomputed from the kept map entries. A live physical
+/// block keeps its fingerprint record if the record is intact. With --data,
+/// every live block is read and its fingerprint computed with the hash the
+/// superblock names: intact records are verified (one that differs from
+/// the data is replaced, and the logical blocks reading that block are
+/// named, since their content may be damaged), lost ones are recomputed.
+/// A live block whose record is lost and cannot be recomputed (no --data,
+/// an unreadable data block) keeps its mappings under a placeholder record
+/// that no write can match: its data stays readable but nothing is
+/// deduplicated against it; `dedup check` lists such blocks, and a later
+/// `dedup repair --force --data DEV` recomputes them. (The kernel refuses
+/// to activate with a live block that has no record; dropping the block's
+/// mappings instead would lose readable data.) Fingerprint records of free
+/// blocks are dropped. The counters mapped_blocks and used_data_blocks are
+/// recomputed; the sizes, hash, flags, write counters and format time are
+/// kept.
+///
+/// How it is written. As a kernel commit: the new trees go to blocks the
+/// old state does not use, then, after a flush, a superblock of a newer
+/// generation goes to the slot the old state is not in. An interrupted
+/// repair leaves the device as it was. The result is checked before the
+/// command returns.
+///
+/// Every change is reported: one line per cause, listing every block it
+/// concerns as ranges; lines starting with "note:" report findings that
+/// change nothing. The data device (--data) must be the table's data
+/// device, its size matching the metadata; it is only read. Hashes this
+/// tool computes: sha256, sha384, sha512, crc32c, crc32, xxhash64.
+#[derive(Args, Debug)]
+#[command(after_long_help = "EXAMPLES
+    dedup check /dev/vg/meta
+    dedup repair --dry-run /dev/vg/meta
+    dedup repair /dev/vg/meta --data /dev/vg/data
+    dedup repair --force --data /dev/vg/data /dev/vg/meta   # verify fingerprints of a clean device
+
+EXIT STATUS
+    0   nothing was wrong: check found no errors (--force) and the metadata
+        was rewritten, or would be (--dry-run)
+    1   errors were corrected: the repaired metadata checks clean
+    4   --dry-run: check found errors that a repair would correct; or the
+        repaired metadata still has errors (e.g. the device is smaller
+        than the kernel requires for its sizes)
+    8   operational error: cannot open or read a device, not a dm-dedup
+        metadata device, truncated, no usable superblock, device busy,
+        refused because check finds the device clean (no --force), data
+        device of the wrong size, hash not computable with --data, write
+        failed (the device then opens as before)
+    16  usage or syntax error")]
+struct RepairArgs {
+    /// Metadata device or image file.
+    device: PathBuf,
+    /// The data device (or image file): recompute the fingerprint of every
+    /// live block from its content.
+    #[arg(long, value_name = "DEV")]
+    data: Option<PathBuf>,
+    /// Report what would change; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Run even if `dedup check` finds no errors.
+    #[arg(long)]
+    force: bool,
+    /// Print the report as JSON on stdout (see README.md for the schema).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Format a metadata device offline, as the kernel does on first use.
@@ -463,6 +548,13 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Check(a) => run_check(a),
+        Command::Repair(a) => repair::run(repair::RepairArgs {
+            device: &a.device,
+            data: a.data.as_deref(),
+            dry_run: a.dry_run,
+            force: a.force,
+            json: a.json,
+        }),
         Command::Format(a) => run_format(a),
         Command::Dump(a) => dump::run_dump(&a.device, a.output.as_deref(), a.force),
         Command::Restore(a) => dump::run_restore(&a.input, &a.device, a.force, a.generation),

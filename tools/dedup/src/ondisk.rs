@@ -523,6 +523,56 @@ pub fn pick_superblock(states: &[SlotState]) -> Option<usize> {
     best.map(|(i, _)| i)
 }
 
+/// Why `blk`, read at block `b`, cannot be the node of array `id` at
+/// `level` that the tree expects there: (problem code, message), or None.
+/// Checksum, location and kind only; the transaction is judged by the
+/// caller (check reports it, repair distrusts the block).
+pub fn tree_block_fault(
+    blk: &Block,
+    b: u64,
+    id: ArrayId,
+    level: u8,
+) -> Option<(&'static str, String)> {
+    if !csum_ok(blk) {
+        let what = if is_zero(&blk[..]) {
+            "block is all zeros (never written?)".to_string()
+        } else {
+            format!(
+                "checksum mismatch (stored {:#010x}, computed {:#010x})",
+                stored_csum(blk),
+                block_csum(blk)
+            )
+        };
+        return Some(("bad_checksum", what));
+    }
+    let h = Header::decode(&blk[..]);
+    if h.blocknr != b {
+        return Some((
+            "wrong_blocknr",
+            format!(
+                "claims to be block {} (misdirected or misplaced write)",
+                h.blocknr
+            ),
+        ));
+    }
+    let want = if level > 0 { BT_INTERIOR } else { BT_LEAF };
+    if h.btype != want || h.array != id as u8 || h.level != level {
+        return Some((
+            "wrong_kind",
+            format!(
+                "type {} array {} level {}, expected {} array {} level {}",
+                type_name(h.btype),
+                h.array,
+                h.level,
+                type_name(want),
+                id as u8,
+                level
+            ),
+        ));
+    }
+    None
+}
+
 /// Header of a fresh tree block (dd_init_header), checksum included.
 pub fn new_tree_block(blocknr: u64, id: ArrayId, level: u8, txn: u64) -> Box<Block> {
     let mut b = zero_block();

@@ -100,6 +100,35 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// "7" or "7-9": an inclusive range of block numbers.
+pub fn span(first: u64, last: u64) -> String {
+    if first == last {
+        format!("{first}")
+    } else {
+        format!("{first}-{last}")
+    }
+}
+
+/// Ascending block numbers as "1-5, 9, 12-14".
+pub fn spans(sorted: &[u64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        out.push(span(sorted[i], sorted[j]));
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// "1 block", "2 blocks".
+pub fn plural(n: u64, word: &str) -> String {
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +155,16 @@ mod tests {
         assert_eq!(format_utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(format_utc(951_782_400), "2000-02-29 00:00:00 UTC");
         assert_eq!(format_utc(1_700_000_000), "2023-11-14 22:13:20 UTC");
+    }
+
+    #[test]
+    fn span_lists() {
+        assert_eq!(spans(&[]), "");
+        assert_eq!(spans(&[4]), "4");
+        assert_eq!(spans(&[1, 2, 3, 5, 7, 8]), "1-3, 5, 7-8");
+        assert_eq!(span(3, 3), "3");
+        assert_eq!(plural(1, "block"), "1 block");
+        assert_eq!(plural(0, "block"), "0 blocks");
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub struct TreeWriter<'a> {
     next: u64,
     limit: u64,
     txn: u64,
+    /// Blocks that must not be written (true = in use), indexed by block
+    /// number; beyond its end everything is free.
+    reserved: &'a [bool],
     /// Tree blocks written so far.
     pub blocks: u64,
 }
@@ -34,11 +37,22 @@ impl<'a> TreeWriter<'a> {
             next: first,
             limit,
             txn,
+            reserved: &[],
             blocks: 0,
         }
     }
 
+    /// Skip the blocks marked true in `reserved`: they hold a committed
+    /// state that must survive until the new superblock is written.
+    pub fn reserving(mut self, reserved: &'a [bool]) -> TreeWriter<'a> {
+        self.reserved = reserved;
+        self
+    }
+
     fn alloc(&mut self) -> io::Result<u64> {
+        while self.reserved.get(self.next as usize) == Some(&true) {
+            self.next += 1;
+        }
         if self.next >= self.limit {
             return Err(full(self.limit));
         }
@@ -193,7 +207,7 @@ pub struct Layout {
     pub map_root: u64,
     pub refcount_root: u64,
     pub fingerprint_root: u64,
-    /// Tree blocks, which occupy [2, 2 + tree_blocks).
+    /// Tree blocks written; write_image puts them at [2, 2 + tree_blocks).
     pub tree_blocks: u64,
 }
 
@@ -203,16 +217,39 @@ pub struct Layout {
 /// steps, so a crash leaves either the complete state or no valid
 /// superblock at all.
 pub fn write_image(dev: &mut dyn BlockDev, spec: &ImageSpec) -> io::Result<(Superblock, Layout)> {
-    let mut sb = spec.sb.clone();
-    let gen = sb.generation();
     let zero = zero_block();
     for slot in 0..SB_SLOTS {
         dev.write_block(slot, &zero)?;
     }
     dev.flush()?;
+    write_trees_and_super(dev, spec, &[])
+}
+
+/// Write a whole committed state next to the one on the device, as a
+/// kernel commit does: the trees go to blocks not marked in `in_use` (the
+/// committed state's blocks), then, after a flush, the superblock goes to
+/// the slot its generation selects, which must not be the slot of the
+/// committed state. Until that last write the device still opens in its
+/// old state; after it, in the new one.
+pub fn write_image_beside(
+    dev: &mut dyn BlockDev,
+    spec: &ImageSpec,
+    in_use: &[bool],
+) -> io::Result<(Superblock, Layout)> {
+    write_trees_and_super(dev, spec, in_use)
+}
+
+fn write_trees_and_super(
+    dev: &mut dyn BlockDev,
+    spec: &ImageSpec,
+    in_use: &[bool],
+) -> io::Result<(Superblock, Layout)> {
+    let mut sb = spec.sb.clone();
+    let gen = sb.generation();
     let mut layout = Layout::default();
     {
-        let mut w = TreeWriter::new(dev, FIRST_TREE_BLOCK, sb.metadata_blocks, gen);
+        let mut w =
+            TreeWriter::new(dev, FIRST_TREE_BLOCK, sb.metadata_blocks, gen).reserving(in_use);
         layout.map_root = w.build(
             &sb.geometry(ArrayId::Map),
             spec.mappings

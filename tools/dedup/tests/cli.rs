@@ -75,14 +75,16 @@ fn sample_image(p: &Path) -> ImageSpec {
 
 #[test]
 fn help_for_every_subcommand() {
-    for sub in ["check", "format", "dump", "restore", "estimate", "stats"] {
+    for sub in [
+        "check", "repair", "format", "dump", "restore", "estimate", "stats",
+    ] {
         let o = dedup(&[sub, "--help"]);
         assert_eq!(code(&o), 0, "{sub}");
         assert!(out(&o).contains("EXIT STATUS"), "{sub}");
     }
     let o = dedup(&["--help"]);
     assert_eq!(code(&o), 0);
-    assert!(!out(&o).contains("repair"));
+    assert!(out(&o).contains("repair"));
 }
 
 #[test]
@@ -299,11 +301,7 @@ fn check_finds_damage_and_refuses_non_dedup() {
 
     // Flip a byte in every tree block's payload in turn: always exit 4.
     let bytes = fs::read(&m).unwrap();
-    let used = {
-        let o = dedup(&["check", s(&m), "--json"]);
-        let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
-        j["summary"]["metadata_blocks_used"].as_u64().unwrap()
-    };
+    let used = metadata_blocks_used(&m);
     for b in 2..used {
         let mut x = bytes.clone();
         x[(b as usize) * 4096 + 1000] ^= 0x10;
@@ -595,4 +593,187 @@ fn estimate_files() {
     assert!(out(&o).contains("dm-dedup (4 KiB blocks) would need"));
     let o = dedup(&["estimate", s(&t.path("missing"))]);
     assert_eq!(code(&o), 8);
+}
+
+/// Mappings of a clean image, through `dedup dump`.
+fn dumped_mappings(m: &Path) -> Vec<(u64, u64)> {
+    let o = dedup(&["dump", s(m)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    j["mappings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["lba"].as_u64().unwrap(), m["pba"].as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn repair_refuses_clean_devices_and_bad_input() {
+    let t = TempDir::new("repair-refuse");
+    let m = t.path("meta");
+    let spec = sample_image(&m);
+    let pristine = fs::read(&m).unwrap();
+    let o = dedup(&["repair", s(&m)]);
+    assert_eq!(code(&o), 8, "{}", out(&o));
+    assert_eq!(err(&o).lines().count(), 1);
+    assert!(err(&o).contains("check finds no errors"), "{}", err(&o));
+    let o = dedup(&["repair", "--dry-run", s(&m)]);
+    assert_eq!(code(&o), 8);
+    assert_eq!(fs::read(&m).unwrap(), pristine);
+
+    // --force: rewritten, a newer generation, the same content.
+    let o = dedup(&["repair", "--force", s(&m)]);
+    assert_eq!(code(&o), 0, "{}{}", out(&o), err(&o));
+    assert!(out(&o).contains("writing generation 13 to superblock slot 1 (0 changes)"));
+    assert!(out(&o).contains("done: the metadata checks clean"));
+    assert_eq!(dumped_mappings(&m), spec.mappings);
+
+    // Bad input: one line on stderr, exit 8, never a panic.
+    let mut x = 88172645463325252u64;
+    let garbage: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let g = t.path("garbage");
+    fs::write(&g, &garbage).unwrap();
+    let z = t.path("zeros");
+    sized_file(&z, 1 << 20);
+    let tr = t.path("truncated");
+    fs::write(&tr, &pristine[..30 * 4096]).unwrap();
+    let e = t.path("empty");
+    fs::write(&e, b"").unwrap();
+    for (p, why) in [
+        (g.as_path(), "not a dm-dedup metadata device"),
+        (z.as_path(), "not formatted"),
+        (tr.as_path(), "truncated"),
+        (e.as_path(), "too small"),
+        (t.path("nope").as_path(), "No such file"),
+        (t.0.as_path(), "not a block device or a regular file"),
+    ] {
+        for args in [
+            &["repair", s(p)][..],
+            &["repair", "--force", "--json", s(p)],
+        ] {
+            let o = dedup(args);
+            assert_eq!(code(&o), 8, "{args:?}");
+            assert_eq!(err(&o).lines().count(), 1, "{args:?}: {}", err(&o));
+            assert!(err(&o).contains(why), "{args:?}: {}", err(&o));
+            assert!(!err(&o).contains("panicked"));
+        }
+    }
+    let o = dedup(&["repair", "--force", "--json", s(&g)]);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(j["exit_code"], 8);
+    assert!(j["fatal"].as_str().unwrap().contains("not a dm-dedup"));
+}
+
+#[test]
+fn repair_every_damaged_tree_block() {
+    let t = TempDir::new("repair-every");
+    let m = t.path("meta");
+    let spec = sample_image(&m);
+    let bytes = fs::read(&m).unwrap();
+    let used = metadata_blocks_used(&m);
+    for b in 2..used {
+        let mut x = bytes.clone();
+        x[(b as usize) * 4096 + 1000] ^= 0x10;
+        fs::write(&m, &x).unwrap();
+        // A dry run says what it would do and writes nothing.
+        let o = dedup(&["repair", "--dry-run", s(&m)]);
+        assert_eq!(code(&o), 4, "block {b}: {}", err(&o));
+        assert!(out(&o).contains("would write generation 13"));
+        assert_eq!(fs::read(&m).unwrap(), x);
+
+        let o = dedup(&["repair", s(&m), "--json"]);
+        assert_eq!(code(&o), 1, "block {b}: {}{}", out(&o), err(&o));
+        let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        assert_eq!(j["exit_code"], 1);
+        assert_eq!(j["check_after"]["errors"], 0);
+        // Lost: exactly the logical blocks of the changes' map ranges.
+        let lost: Vec<(u64, u64)> = j["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["code"] == "map_lost")
+            .map(|c| (c["first"].as_u64().unwrap(), c["last"].as_u64().unwrap()))
+            .collect();
+        let want: Vec<(u64, u64)> = spec
+            .mappings
+            .iter()
+            .copied()
+            .filter(|m| !lost.iter().any(|&(a, z)| a <= m.0 && m.0 <= z))
+            .collect();
+        let o = dedup(&["check", s(&m)]);
+        assert_eq!(code(&o), 0, "block {b}: {}", out(&o));
+        assert_eq!(dumped_mappings(&m), want, "block {b}");
+        assert!(want.len() == spec.mappings.len() || !lost.is_empty());
+    }
+}
+
+#[test]
+fn repair_with_the_data_device() {
+    let t = TempDir::new("repair-data");
+    let (m, dpath) = (t.path("meta"), t.path("data"));
+    let (logical, data) = (2_000u64, 200u64);
+    let content = |p: u64| -> Vec<u8> { (0..4096u64).map(|i| (p * 31 + i / 7) as u8).collect() };
+    let mut dd = Vec::new();
+    for p in 0..data {
+        dd.extend(content(p));
+    }
+    fs::write(&dpath, &dd).unwrap();
+    let blocks = required_blocks(logical, data) + 4;
+    let mut sb = Superblock::new_formatted(blocks, data, logical, "sha256", 32, 1_700_000_000);
+    sb.header.txn = 3;
+    let maps: Vec<(u64, u64)> = (0..600u64).map(|i| (i * 3, i % 150)).collect();
+    let h = dedup_tools::fingerprint::Hasher::Sha256;
+    let spec = ImageSpec::consistent(sb, &maps, |p| h.record(&content(p)));
+    let mut d = MemDev::new(blocks);
+    let (_, layout) = write_image(&mut d, &spec).unwrap();
+    // Damage the fingerprint root: every record is lost.
+    d.block_mut(layout.fingerprint_root)[500] ^= 1;
+    fs::write(&m, &d.bytes).unwrap();
+
+    // The wrong data device (another size) is refused.
+    let o = dedup(&["repair", s(&m), "--data", s(&m)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("wrong device"), "{}", err(&o));
+    let o = dedup(&["repair", s(&m), "--data", s(&t.path("nope"))]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("--data"), "{}", err(&o));
+
+    let o = dedup(&["repair", s(&m), "--data", s(&dpath)]);
+    assert_eq!(code(&o), 1, "{}{}", out(&o), err(&o));
+    assert!(
+        out(&o).contains(
+            "fingerprint of physical blocks 0-149 (150 blocks): lost (fingerprint interior node (level 1) at metadata block"
+        ),
+        "{}",
+        out(&o)
+    );
+    assert!(out(&o).contains("recomputed from the data device"));
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 0);
+    assert!(!out(&o).contains("placeholder"));
+    let o = dedup(&["dump", s(&m)]);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    for b in j["blocks"].as_array().unwrap() {
+        let p = b["pba"].as_u64().unwrap();
+        assert_eq!(
+            b["fingerprint"].as_str().unwrap(),
+            dedup_tools::util::hex(&h.record(&content(p)))
+        );
+    }
+    assert_eq!(dumped_mappings(&m), spec.mappings);
+}
+
+/// How many metadata blocks the image's trees use, as `check --json` says.
+fn metadata_blocks_used(m: &Path) -> u64 {
+    let o = dedup(&["check", s(m), "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    j["summary"]["metadata_blocks_used"].as_u64().unwrap()
 }

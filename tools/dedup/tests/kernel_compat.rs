@@ -10,7 +10,10 @@
 //!   uncommitted transaction) checks clean, with the same map and counts;
 //! - the kernel activates what `dedup restore` writes (all of
 //!   dd_activate()'s checks), reads the same map back, and keeps working
-//!   on it.
+//!   on it;
+//! - the kernel refuses metadata with damaged leaves, activates what
+//!   `dedup repair` makes of it (placeholder fingerprints included), reads
+//!   back every salvaged mapping, and keeps working on it.
 //!
 //! Skipped (with a message) when the C compiler or ../dm-dedup is missing.
 
@@ -365,4 +368,64 @@ fn damage_is_refused_by_both() {
         let (r, _) = check_file(&m);
         assert!(r.has("bad_checksum"), "{:#?}", r.problems);
     }
+}
+
+#[test]
+fn kernel_opens_repaired_metadata() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("repair");
+    let (logical, data) = (30_000u64, 4_000u64);
+    let (l, d) = (logical.to_string(), data.to_string());
+    let m = t.file("m", (required_blocks(logical, data) + 16) * 4096);
+    let out = run(
+        h,
+        &["workload", m.to_str().unwrap(), &l, &d, "9", "20000", "700"],
+    )
+    .unwrap();
+    let (r, _) = check_file(&m);
+    let sb = r.superblock.unwrap();
+    let mut dev = MemDev::from_bytes(fs::read(&m).unwrap());
+    // The map has one interior level: damage its fourth leaf (LBAs
+    // 1524..2032), and the second fingerprint leaf (PBAs 127..254).
+    let child = |dev: &MemDev, b: u64, slot: usize| le64(&dev.block(b)[..], HEADER_SIZE + slot * 8);
+    let map_leaf = child(&dev, sb.map_root, 3);
+    let fp_leaf = child(&dev, sb.fingerprint_root, 1);
+    assert!(map_leaf != 0 && fp_leaf != 0);
+    dev.block_mut(map_leaf)[2000] ^= 8;
+    dev.block_mut(fp_leaf)[2000] ^= 8;
+    fs::write(&m, &dev.bytes).unwrap();
+    let err = run(h, &["open", m.to_str().unwrap(), &l, &d]).unwrap_err();
+    assert!(err.contains("refused"), "{err}");
+
+    let p = dedup_tools::repair::plan(&dev, None).unwrap();
+    assert!(p.summary.placeholders > 0);
+    let report = dedup_tools::repair::write(&mut dev, &p).unwrap();
+    assert!(report.clean(), "{:#?}", report.problems);
+    fs::write(&m, &dev.bytes).unwrap();
+
+    // The kernel activates it and reads every salvaged mapping.
+    let back = run(h, &["map", m.to_str().unwrap(), &l, &d]).unwrap();
+    let want: Vec<(u64, u64)> = out
+        .map
+        .iter()
+        .copied()
+        .filter(|&(lba, _)| !(1524..2032).contains(&lba))
+        .collect();
+    assert!(want.len() < out.map.len());
+    assert_eq!(back.map, want);
+    assert_eq!(back.stats["txn"], sb.generation + 1);
+    assert_eq!(back.stats["mapped"], want.len() as u64);
+    // It keeps working on it, frees blocks with placeholder records, and
+    // the result checks clean again (still pointing out the placeholders
+    // of blocks that are live).
+    let more = run(
+        h,
+        &["workload", m.to_str().unwrap(), &l, &d, "10", "8000", "300"],
+    )
+    .unwrap();
+    let (mut r, c) = check_file(&m);
+    let left = r.summary.as_ref().unwrap().placeholder_fingerprints;
+    assert!(left > 0 && left < p.summary.placeholders);
+    r.problems.retain(|p| p.code != "placeholder_fingerprint");
+    assert_agrees(&r, &c, &more);
 }

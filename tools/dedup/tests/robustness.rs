@@ -1,11 +1,13 @@
 //! Deterministic stand-in for the cargo-fuzz targets in tools/fuzz: the
 //! same entry points run over thousands of random and mutated inputs with
-//! a fixed seed. Nothing may panic, and whatever `check` calls clean must
-//! survive dump + restore unchanged (asserted inside fuzz_image).
+//! a fixed seed. Nothing may panic, whatever `check` calls clean must
+//! survive dump + restore unchanged (asserted inside fuzz_image), and what
+//! `repair` writes must check clean and need no second repair (asserted
+//! inside fuzz_repair).
 
 use dedup_tools::device::MemDev;
 use dedup_tools::dump::{write_dump, DumpSuperblock};
-use dedup_tools::fuzzing::{fuzz_dump, fuzz_image, fuzz_image_owned, fuzz_stats};
+use dedup_tools::fuzzing::{fuzz_dump, fuzz_image, fuzz_image_owned, fuzz_repair, fuzz_stats};
 use dedup_tools::ondisk::*;
 use dedup_tools::writer::{format, test_fingerprint, write_image, ImageSpec};
 
@@ -195,6 +197,32 @@ fn check_never_panics_on_random_bytes() {
             seal(blk);
         }
         fuzz_image(&v);
+    }
+}
+
+#[test]
+fn repair_never_panics_and_always_writes_clean_metadata() {
+    let mut seeds = seeds();
+    // Small data devices, so that the --data path runs too.
+    let maps: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 3, i % 50)).collect();
+    seeds.push(image(1200, 60, &maps, "sha256", 32, 6));
+    seeds.push(image(1200, 60, &maps, "crc32c", 4, 7));
+    let small: Vec<&Vec<u8>> = seeds.iter().filter(|s| s.len() < 1 << 20).collect();
+    for s in &seeds {
+        fuzz_repair(s);
+    }
+    let mut r = Rng(0x2E9A_1200);
+    for i in 0..1200 {
+        let base = small[r.below(small.len() as u64) as usize];
+        let mut x = mutate(&mut r, base);
+        // Unsealed damage too: the salvage path is about bad checksums.
+        if i % 2 == 0 && !x.is_empty() {
+            for _ in 0..1 + r.below(3) {
+                let p = r.below(x.len() as u64) as usize;
+                x[p] ^= 1 << r.below(8);
+            }
+        }
+        fuzz_repair(&x);
     }
 }
 
