@@ -324,6 +324,14 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		DMINFO("formatted metadata: %llu logical, %llu data, %llu metadata blocks",
 		       cfg->logical_blocks, cfg->data_blocks, nr_blocks);
 	} else {
+		/*
+		 * A torn superblock write at a crash looks the same as a slot
+		 * damaged later; both fall back to the other slot's commit, so
+		 * say which one the device is running from.
+		 */
+		if (st[1 - best] == DD_SB_BAD)
+			DMWARN("superblock slot %d is damaged; using slot %d (transaction %llu)",
+			       1 - best, best, le64_to_cpu(sbs[best].hdr.txn));
 		md->sb = sbs[best];
 		r = dd_check_sb(md, error);
 		if (!r && !cfg->identity_only)
