@@ -5,6 +5,7 @@
 #   make static       W=1 and sparse (C=1) builds, checkpatch --strict
 #   make kunit        KUnit suite under UML (scripts/kunit.sh)
 #   make test         every test (installs what it needs)
+#   make torture TRIALS=N   the long crash and corruption run (default 20)
 #   make demo         the main demo in a guest
 #   make install      install the module into /lib/modules/$(KVER)
 
@@ -15,7 +16,7 @@ MOD_DIR := $(CURDIR)/dm-dedup
 CHECKPATCH ?= $(firstword $(wildcard /usr/src/linux-source-6.12/scripts/checkpatch.pl) \
 		$(KDIR)/scripts/checkpatch.pl)
 
-.PHONY: all module static w1 sparse checkpatch kunit test demo install clean
+.PHONY: all module static w1 sparse checkpatch kunit test torture demo install clean
 
 all: module
 
@@ -43,6 +44,10 @@ kunit:
 
 test:
 	tests/run-all.sh
+
+TRIALS ?= 20
+torture:
+	scripts/torture.sh $(TRIALS)
 
 demo:
 	scripts/demo.sh

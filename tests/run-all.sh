@@ -3,7 +3,8 @@
 #   1. scripts/install-deps.sh          (fast when everything is present)
 #   2. make -C <repo> KDIR=...           (builds dm-dedup/dm-dedup.ko for the guest kernel)
 #   3. host stages: static checks (W=1, sparse, checkpatch --strict), a DKMS
-#      build, the Rust tools' suite (fmt, clippy, cargo test)
+#      build, the Rust tools' suite (fmt, clippy, cargo test), the KUnit
+#      suite under UML (scripts/kunit.sh; ~10 min the first time)
 #   4. scripts/guest-run.sh: boots the Debian 6.12 guest once and runs the
 #      pytest suite tests/guest inside it (Debian's /bin/python3)
 # Exits with pytest's status (124 on timeout, 125 if the guest died).
@@ -12,6 +13,8 @@
 #   DEDUP_TEST_OUT   host directory for pytest.log, junit.xml, console.log
 #                    (default <repo>/tests/out; the guest writes into it)
 #   PYTEST_ARGS      extra pytest arguments, e.g. "-k accounting"
+#   DD_TORTURE_TRIALS  trials per torture test (0: the bounded default; see
+#                    scripts/torture.sh)
 #   GUEST_TIMEOUT    guest time limit in seconds (default 4200)
 #   SKIP_DEPS=1      skip install-deps.sh;  SKIP_BUILD=1  skip make
 #   SKIP_HOST=1      skip the host stages
@@ -49,6 +52,7 @@ if [ "${SKIP_HOST:-0}" != 1 ]; then
     stage static make -C "$REPO" KDIR="$KDIR" static
     stage dkms "$REPO/scripts/dkms-check.sh"
     stage tools "$REPO/tools/run-tests.sh"
+    stage kunit "$REPO/scripts/kunit.sh"
     # the guest suite runs `dedup check` on metadata left by its tests
     make -C "$REPO" KDIR="$KDIR" module >/dev/null
 fi
@@ -62,6 +66,7 @@ q() { printf '%q' "$1"; }
 GUEST_CMD="set -o pipefail
 export PYTHONDONTWRITEBYTECODE=1 DEDUP_REPO=$(q "$REPO") DEDUP_KO=$(q "$KO") DEDUP_BIN=$(q "$DEDUP_BIN")
 export PYTEST_ARGS_SUBSET=$(q "${PYTEST_ARGS:+1}") DD_TEST_TIMEOUT=$(q "${DD_TEST_TIMEOUT:-900}") DD_FS_TREE_MB=$(q "${DD_FS_TREE_MB:-20}")
+export DD_TORTURE_TRIALS=$(q "${DD_TORTURE_TRIALS:-0}")
 cd $(q "$REPO")
 /bin/python3 -m pytest -v -p no:cacheprovider --durations=15 --junitxml=$(q "$OUT/junit.xml") \
     -o junit_suite_name=dm-dedup tests/guest ${PYTEST_ARGS:-} 2>&1 | tee $(q "$OUT/pytest.log")

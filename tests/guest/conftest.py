@@ -161,5 +161,7 @@ def seed(request):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for line in ddlib.REPORT:
+        terminalreporter.write_line(line)
     terminalreporter.write_line(
         "metadata devices checked clean by `dedup check`: %d" % ddlib.METADATA_CHECKS)

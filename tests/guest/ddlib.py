@@ -24,6 +24,17 @@ METADATA_CHECKS = 0           # metadata devices checked clean so far
 DEDUP_BIN = os.environ.get("DEDUP_BIN") or os.path.join(REPO, "tools", "target", "debug", "dedup")
 TMPFS = os.environ.get("DEDUP_TMPFS", "/tmp/dd-tmpfs")
 NAME_PREFIX = "ddt"            # every dm device the suite creates starts with this
+# 0: the bounded runs of the test command; N > 0 (make torture TRIALS=N):
+# N trials per torture test, and every crash point instead of a sample
+TORTURE_TRIALS = int(os.environ.get("DD_TORTURE_TRIALS", "0") or 0)
+REPORT = []                    # lines for the end of the run (trial counts)
+
+
+def report(line):
+    """A figure for the terminal summary, e.g. how many crash points a
+    torture test checked; printed even when output is captured."""
+    REPORT.append(line)
+    print(line)
 
 
 # --------------------------------------------------------------------------

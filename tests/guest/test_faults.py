@@ -12,7 +12,7 @@ import errno
 import pytest
 
 import ddlib
-from ddlib import BLOCK, BlockDev, DedupDev, block_data, run
+from ddlib import BlockDev, DedupDev, block_data, run
 
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 

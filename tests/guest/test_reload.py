@@ -6,7 +6,7 @@ swap. A second dedup device over metadata or data already in use is refused.
 """
 
 import ddlib
-from ddlib import BlockDev, DedupDev, block_data, run, try_create
+from ddlib import BlockDev, block_data, run, try_create
 
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 

@@ -7,7 +7,6 @@
 """
 
 import json
-import os
 
 import ddlib
 from ddlib import BLOCK, BlockDev, DedupDev, block_data, run, write_ids

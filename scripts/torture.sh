@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The long crash and corruption run (issue: "Prove it"), outside the test
+# command.  One guest boot runs the torture tests with TRIALS trials each:
+#   - log replay (test_torture_logwrites): TRIALS raw workloads, every crash
+#     point; the ext4 and XFS workloads with every crash point checked;
+#   - random power cuts (test_torture_power): TRIALS cuts (at least 5);
+#   - metadata corruption (test_torture_corrupt): 8 x TRIALS damaged copies;
+#   - generated bad table lines and messages: 40 x TRIALS;
+#   - the fixed power-cut and fault tests (test_crash, test_faults).
+# Usage: scripts/torture.sh [TRIALS]   (default 20; make torture TRIALS=N)
+# Every test's per-test time limit scales with TRIALS.  Results: tests/out/torture.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TRIALS=${1:-${TRIALS:-20}}
+case $TRIALS in ''|*[!0-9]*|0) echo "torture: TRIALS must be a positive number" >&2; exit 16 ;; esac
+export DD_TORTURE_TRIALS=$TRIALS
+export DD_TEST_TIMEOUT=$(( 900 + TRIALS * 240 ))
+export GUEST_TIMEOUT=$(( 1800 + TRIALS * 1200 ))
+export DEDUP_TEST_OUT=${DEDUP_TEST_OUT:-$REPO/tests/out/torture}
+export SKIP_HOST=1
+export PYTEST_ARGS="-k 'torture or generated or crash or faults' -s"
+echo "torture: $TRIALS trials per test, guest limit ${GUEST_TIMEOUT}s"
+rc=0
+"$REPO/tests/run-all.sh" || rc=$?
+grep -hE '^(log-writes|random power cuts|corruption campaign|generated)' \
+    "$DEDUP_TEST_OUT/pytest.log" || true
+exit $rc

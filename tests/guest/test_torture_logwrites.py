@@ -1,0 +1,483 @@
+"""Crash consistency by log replay (testing.md level 5).
+
+One loop device carries both the metadata and the data of a dedup device, as
+two dm-linear slices of a dm-log-writes device, so a single log records every
+write the target makes to either, in the order the disk made them stable.
+The workload sends a log mark after every point where it is owed durability
+(an fsync returned, an O_DSYNC write completed).
+
+Afterwards, for each crash point (a prefix of the log ending at a FLUSH or
+FUA entry) the prefix is replayed onto a zeroed file and examined through a
+throw-away dm-snapshot (so recovery may write without disturbing the replay):
+  * `dedup check` on the metadata slice is clean (or the device was never
+    formatted: no superblock reached the disk yet);
+  * the target activates read-write, status mode rw;
+  * raw workload: every block made durable before the last mark reads back
+    exactly, every other block reads its durable content or one written after
+    that mark, never anything else; `mapped` equals the non-zero blocks;
+  * filesystem workloads: the filesystem mounts (journal recovery), every file
+    fsynced before the last mark has its exact content, other files hold only
+    their own blocks or zeros, and fsck is clean after unmount.
+The raw workload checks every crash point.  The filesystem workloads check a
+spread sample in the test command; DD_TORTURE_TRIALS (make torture) checks
+them all, with a longer workload, and repeats the raw workload with more
+seeds.
+"""
+
+import hashlib
+import os
+import random
+
+import pytest
+
+import ddlib
+import logwrites
+from ddlib import BLOCK, MIB, ZERO, BlockDev, DedupDev, block_data, run
+
+META_MIB, DATA_MIB = 16, 48
+NB = 1024                       # raw workload: LBAs used (4 MiB)
+TRIALS = ddlib.TORTURE_TRIALS
+
+
+class LogRig:
+    """log-writes over one loop device, sliced into metadata and data."""
+
+    def __init__(self, backing, logical_mib, opts=()):
+        self.backing = backing
+        self.total_mib = META_MIB + DATA_MIB
+        self.dev = backing.loop(self.total_mib, "lwdev")
+        self.log = backing.loop(1024, "lwlog")
+        self.log_file = backing.files[-1]
+        self.lw = "ddtlw"
+        run(["dmsetup", "create", self.lw, "--table", "0 %d log-writes %s %s" % (
+            self.sectors(self.total_mib), self.dev, self.log)])
+        self.slices = slice_pair("/dev/mapper/" + self.lw, "ddtlws")
+        self.logical = logical_mib * MIB // 512
+        self.opts = list(opts)
+        self.dedup = DedupDev("ddtlwx", self.slices[0], self.slices[1], self.logical, self.opts)
+        self.marks = 0
+
+    @staticmethod
+    def sectors(mib):
+        return mib * MIB // 512
+
+    def mark(self):
+        """Log mark k (k = 0, 1, ...): everything owed durability so far."""
+        run(["dmsetup", "message", self.lw, "0", "mark", "d%d" % self.marks])
+        self.marks += 1
+        return self.marks - 1
+
+    def finish(self):
+        """Tear the stack down and return the parsed log."""
+        if ddlib.dm_exists(self.dedup.name):
+            self.dedup.remove()
+        for s in ("ddtlwsm", "ddtlwsd"):
+            ddlib.dm_remove(s)
+        ddlib.dm_remove(self.lw)
+        return logwrites.Log(self.log_file)
+
+
+def slice_pair(dev, prefix):
+    """dm-linear slices <prefix>m (metadata) and <prefix>d (data) of dev."""
+    m = META_MIB * MIB // 512
+    d = DATA_MIB * MIB // 512
+    run(["dmsetup", "create", prefix + "m", "--table", "0 %d linear %s 0" % (m, dev)])
+    run(["dmsetup", "create", prefix + "d", "--table", "0 %d linear %s %d" % (d, dev, m)])
+    ddlib.udev_settle()
+    return "/dev/mapper/" + prefix + "m", "/dev/mapper/" + prefix + "d"
+
+
+class CrashImage:
+    """The replay targets (metadata and data as two files, read-only loops
+    over them) and two ways to look at one crash state:
+      * read-only: the target opened with read_only straight on the loops:
+        cheap, used at every crash point;
+      * read-write: the target on dm-snapshots of the loops, so recovery
+        (and the filesystem's journal replay) may write without disturbing
+        the replay: used at a sample of points and wherever a filesystem is
+        mounted."""
+
+    def __init__(self, backing, rig, log):
+        self.backing = backing
+        self.rig = rig
+        self.files, self.loops, self.cows = {}, {}, {}
+        for k, mib in (("m", META_MIB), ("d", DATA_MIB)):
+            path = os.path.join(backing.tmpfs, "replay%s-%d.img" % (k, os.getpid()))
+            with open(path, "wb") as f:
+                f.truncate(mib * MIB)
+            backing.files.append(path)
+            self.files[k] = path
+            self.loops[k] = run(["losetup", "-r", "-f", "--show", path]).stdout.strip()
+            backing.loops.append(self.loops[k])
+            self.cows[k] = (backing.loop(mib * 4, "lwcow" + k), backing.files[-1], mib * 4)
+        self.replayer = logwrites.Replayer(log, [
+            (0, META_MIB * MIB, self.files["m"]),
+            (META_MIB * MIB, DATA_MIB * MIB, self.files["d"])])
+        self.checked = 0
+        self.ro_points = 0
+        self.rw_points = 0
+
+    def close(self):
+        self.replayer.close()
+
+    def replay(self, upto):
+        """Replay through entry `upto` and check the metadata offline.
+        Returns False when no superblock reached the disk yet."""
+        self.replayer.apply_to(upto)
+        p = run([ddlib.DEDUP_BIN, "check", self.files["m"]], check=False)
+        unformatted = p.returncode == 8 and "not formatted" in p.stderr
+        assert p.returncode == 0 or unformatted, \
+            "crash point %d: dedup check exit %d:\n%s%s" % (upto, p.returncode, p.stdout, p.stderr)
+        if not unformatted:
+            self.checked += 1
+        return not unformatted
+
+    def open_ro(self, upto):
+        dev = DedupDev("ddtlwy", self.loops["m"], self.loops["d"], self.rig.logical,
+                       self.rig.opts + ["read_only"])
+        dev.activate()
+        st = dev.status()
+        assert st["mode"] == "ro", "crash point %d: %s" % (upto, st)
+        self.ro_points += 1
+        return dev
+
+    def open_rw(self, upto):
+        devs = {}
+        for k in "md":
+            size = self.rig.sectors(META_MIB if k == "m" else DATA_MIB)
+            name = "ddtlwc" + k
+            run(["dmsetup", "create", name, "--table", "0 %d snapshot %s %s N 8" % (
+                size, self.loops[k], self.cows[k][0])])
+            devs[k] = "/dev/mapper/" + name
+        ddlib.udev_settle()
+        dev = DedupDev("ddtlwy", devs["m"], devs["d"], self.rig.logical, self.rig.opts)
+        dev.activate()
+        st = dev.status()
+        assert st["mode"] == "rw", "crash point %d: %s" % (upto, st)
+        self.rw_points += 1
+        return dev
+
+    def close_point(self, dev):
+        dev.remove()
+        for k in "md":
+            if ddlib.dm_exists("ddtlwc" + k):
+                ddlib.dm_remove("ddtlwc" + k)
+                # keep the tmpfs file from growing with every crash point
+                _, path, mib = self.cows[k]
+                with open(path, "r+b") as f:
+                    f.truncate(0)
+                    f.truncate(mib * MIB)
+
+
+def pick_points(points, limit, must=()):
+    """All points if limit is None, else `limit` spread evenly, plus `must`."""
+    if limit is None or len(points) <= limit:
+        return list(points)
+    step = len(points) / limit
+    chosen = {points[int(i * step)] for i in range(limit)} | {points[-1]}
+    chosen |= {p for p in must if p in points}
+    return sorted(chosen)
+
+
+def our_marks(log):
+    """[(entry index, k)] of the marks "d<k>" the workload sent (the log
+    also ends with the target's own "dm-log-writes-end")."""
+    return [(idx, int(t[1:])) for idx, t in log.marks()
+            if t[:1] == "d" and t[1:].isdigit()]
+
+
+def last_mark_before(log, k):
+    """Number of the last mark at or before entry k, or None."""
+    m = None
+    for idx, n in our_marks(log):
+        if idx > k:
+            break
+        m = n
+    return m
+
+
+# ---------------------------------------------------------------------------
+# raw block workload
+# ---------------------------------------------------------------------------
+class RawModel:
+    """What the device may hold: per mark, the durable content of each LBA
+    and, per LBA, every content written after that mark."""
+
+    def __init__(self):
+        self.durable = {}          # lba -> bid (None: zero), synced
+        self.unsynced = {}         # lba -> set of bids written since its last sync
+        self.latest = {}           # lba -> last bid written since its last sync
+        self.at_mark = []          # mark k -> (durable copy, unsynced copy)
+        self.writes = []           # (mark count when issued, lba, bid)
+
+    def write(self, lba, bid, marks):
+        self.unsynced.setdefault(lba, set()).add(bid)
+        self.latest[lba] = bid
+        self.writes.append((marks, lba, bid))
+
+    def synced_one(self, lba, bid):
+        """An O_DSYNC write completed: that block is durable."""
+        self.durable[lba] = bid
+        self.unsynced.pop(lba, None)
+        self.latest.pop(lba, None)
+
+    def synced_all(self):
+        """fsync returned: the last write of every LBA is durable."""
+        self.durable.update(self.latest)
+        self.unsynced.clear()
+        self.latest.clear()
+
+    def mark(self):
+        self.at_mark.append((dict(self.durable),
+                             {k: set(v) for k, v in self.unsynced.items()}))
+
+    def allowed(self, m):
+        """{lba: set of bids} allowed at a crash point whose last mark is m."""
+        if m is None:
+            durable, unsynced = {}, {}
+        else:
+            durable, unsynced = self.at_mark[m]
+        ok = {lba: {bid} for lba, bid in durable.items()}
+        for lba, bids in unsynced.items():
+            ok.setdefault(lba, {None}).update(bids)
+        after = m + 1 if m is not None else 0
+        for marks, lba, bid in self.writes:
+            if marks >= after:
+                ok.setdefault(lba, {durable.get(lba)}).add(bid)
+        return ok
+
+
+def raw_workload(rig, seed, rounds):
+    rng = random.Random(seed)
+    model = RawModel()
+    dev = rig.dedup
+    dev.activate()
+    model.mark()
+    rig.mark()
+    pool = [rng.randrange(1 << 20) for _ in range(24)]       # duplicate content ids
+    for r in range(rounds):
+        with BlockDev(dev.path) as bd:
+            for i in range(rng.randint(8, 48)):
+                lba = rng.randrange(NB)
+                x = rng.random()
+                bid = None if x < 0.1 else rng.choice(pool) if x < 0.6 else \
+                    (r + 1) * 100000 + i
+                bd.write(lba, block_data(seed, bid))
+                model.write(lba, bid, rig.marks)
+            if rng.random() < 0.3:
+                lba = rng.randrange(NB - 8)
+                ddlib.discard(dev.path, lba, 4)
+                for b in range(lba, lba + 4):
+                    model.write(b, None, rig.marks)
+            if r % 3 == 1:
+                # an O_DSYNC write in the middle of unsynced ones
+                with BlockDev(dev.path, os.O_DSYNC) as sd:
+                    lba = rng.randrange(NB)
+                    bid = rng.choice(pool) if r % 2 else (r + 1) * 100000 + 999
+                    sd.write(lba, block_data(seed, bid))
+                    model.write(lba, bid, rig.marks)
+                model.synced_one(lba, bid)
+                model.mark()
+                rig.mark()
+            if r % 4 != 3:          # some rounds stay unsynced
+                bd.fsync()
+                model.synced_all()
+                model.mark()
+                rig.mark()
+    dev.remove()
+    return model
+
+
+class Contents:
+    """sha256 of block_data(seed, bid), computed once per bid: generating
+    the blocks again at every crash point would dominate the run."""
+
+    def __init__(self, seed):
+        self.seed = seed
+        self.memo = {None: hashlib.sha256(ZERO).digest()}
+
+    def __call__(self, bid):
+        d = self.memo.get(bid)
+        if d is None:
+            d = self.memo[bid] = hashlib.sha256(block_data(self.seed, bid)).digest()
+        return d
+
+
+def verify_raw(dev, model, m, contents, point):
+    allowed = model.allowed(m)
+    with BlockDev(dev.path) as bd:
+        got = bd.read_range(0, NB)
+    zero = contents(None)
+    bad = []
+    nonzero = 0
+    for lba in range(NB):
+        h = hashlib.sha256(got[lba]).digest()
+        nonzero += h != zero
+        ok = {contents(b) for b in allowed.get(lba, {None})}
+        if h not in ok:
+            bad.append((lba, sorted(x.hex()[:16] for x in ok), h.hex()[:16]))
+    assert not bad, "crash point %d (last mark %s): %d blocks wrong (lba, allowed, got): %s" % (
+        point, m, len(bad), bad[:10])
+    st = dev.status()
+    assert st["mapped"] == nonzero, "crash point %d: mapped %d, non-zero blocks %d" % (
+        point, st["mapped"], nonzero)
+
+
+@pytest.mark.parametrize("trial", range(max(1, TRIALS)))
+def test_logwrites_raw_every_crash_point(backing, seed, trial):
+    seed += trial * 7919
+    rig = LogRig(backing, 64, ["commit_interval", "3600"])
+    model = raw_workload(rig, seed, rounds=8 if not TRIALS else 24)
+    log = rig.finish()
+    points = log.crash_points()
+    assert rig.marks == len(model.at_mark)
+    assert len(our_marks(log)) == rig.marks, "marks missing from the log"
+    assert len(points) >= 10, "too few crash points: %d" % len(points)
+    img = CrashImage(backing, rig, log)
+    contents = Contents(seed)
+    rw_every = 1 if TRIALS else 8
+    try:
+        for n, k in enumerate(points):
+            m = last_mark_before(log, k)
+            formatted = img.replay(k)
+            if not formatted:
+                assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
+            views = []
+            if formatted:
+                views.append(img.open_ro)
+            if not formatted or n % rw_every == 0 or k == points[-1]:
+                views.append(img.open_rw)
+            for view in views:
+                dev = view(k)
+                verify_raw(dev, model, m, contents, k)
+                if view == img.open_rw:
+                    # recovered: a new unique block goes somewhere free
+                    with BlockDev(dev.path) as bd:
+                        new = block_data(seed, 123456789)
+                        bd.write(NB + 1, new)
+                        bd.fsync()
+                        assert bd.read(NB + 1) == new
+                img.close_point(dev)
+    finally:
+        img.close()
+    ddlib.METADATA_CHECKS += img.checked
+    ddlib.report("log-writes raw: %d entries, %d crash points, all checked "
+                 "(%d read-only, %d read-write activations), 0 failures" % (
+                     len(log.entries), len(points), img.ro_points, img.rw_points))
+
+
+# ---------------------------------------------------------------------------
+# filesystem workloads
+# ---------------------------------------------------------------------------
+FS = {
+    "ext4": (["mkfs.ext4", "-q", "-F"], ["fsck.ext4", "-f", "-n"]),
+    "xfs": (["mkfs.xfs", "-q", "-f"], ["xfs_repair", "-n"]),
+}
+
+
+def file_blocks(seed, i, rng_pool):
+    """Content of file i: duplicate-heavy (blocks from a small pool), with a
+    unique block and an odd tail."""
+    rng = random.Random(seed * 31 + i)
+    n = rng.randint(1, 12)
+    blocks = [block_data(seed, rng.choice(rng_pool) if rng.random() < 0.7 else 500000 + i * 100 + j)
+              for j in range(n)]
+    tail = rng.randint(0, BLOCK - 1)
+    return b"".join(blocks) + block_data(seed, 900000 + i)[:tail]
+
+
+def fs_workload(rig, fstype, seed, nfiles):
+    mkfs, _ = FS[fstype]
+    dev = rig.dedup
+    dev.activate()
+    run(mkfs + [dev.path], timeout=600)
+    mnt = "/tmp/ddt-lw-mnt"
+    os.makedirs(mnt, exist_ok=True)
+    run(["mount", dev.path, mnt])
+    rig.backing.mounts.append(mnt)
+    pool = list(range(10))
+    files = {}           # name -> (content, mark after which it is durable or None)
+    first = rig.mark()   # the filesystem exists from here on
+    for i in range(nfiles):
+        name = "f%03d" % i
+        data = file_blocks(seed, i, pool)
+        fd = os.open(os.path.join(mnt, name), os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, data)
+        if i % 3 != 2:
+            os.fsync(fd)
+            os.close(fd)
+            dfd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+            os.fsync(dfd)
+            os.close(dfd)
+            files[name] = (data, rig.mark())
+        else:
+            os.close(fd)
+            files[name] = (data, None)
+    run(["umount", mnt])
+    rig.backing.mounts.remove(mnt)
+    files_end = rig.mark()
+    return files, first, files_end
+
+
+def verify_fs(dev, fstype, files, m, point):
+    _, fsck = FS[fstype]
+    mnt = "/tmp/ddt-lw-chk"
+    os.makedirs(mnt, exist_ok=True)
+    run(["mount", dev.path, mnt])
+    try:
+        bad = []
+        for name, (data, durable_at) in files.items():
+            p = os.path.join(mnt, name)
+            must = durable_at is not None and durable_at <= m
+            if not os.path.exists(p):
+                if must:
+                    bad.append((name, "missing"))
+                continue
+            with open(p, "rb") as f:
+                got = f.read()
+            if must:
+                if got != data:
+                    bad.append((name, "content differs (len %d vs %d)" % (len(got), len(data))))
+                continue
+            if len(got) > len(data):
+                bad.append((name, "longer than written"))
+                continue
+            for off in range(0, len(got), BLOCK):
+                g = got[off:off + BLOCK]
+                if g != data[off:off + len(g)] and g.count(0) != len(g):
+                    bad.append((name, "foreign data at %d" % off))
+                    break
+        assert not bad, "crash point %d (mark %d): %s" % (point, m, bad[:10])
+    finally:
+        run(["umount", mnt])
+    p = run(fsck + [dev.path], check=False, timeout=600)
+    assert p.returncode == 0, "crash point %d: %s exit %d:\n%s%s" % (
+        point, fsck[0], p.returncode, p.stdout[-3000:], p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("fstype", ["ext4", "xfs"])
+def test_logwrites_filesystem(backing, seed, fstype):
+    logical = 320 if fstype == "xfs" else 128           # mkfs.xfs wants >= 300 MiB
+    rig = LogRig(backing, logical)
+    files, first, end = fs_workload(rig, fstype, seed, nfiles=18 if not TRIALS else 60)
+    log = rig.finish()
+    points = log.crash_points()
+    marks = {n: idx for idx, n in our_marks(log)}
+    assert first in marks and end in marks, "marks missing from the log"
+    fs_points = [k for k in points if k > marks[first]]
+    early = [k for k in points if k < marks[first]]
+    chosen = pick_points(fs_points, None if TRIALS else 8) + pick_points(early, None if TRIALS else 2)
+    img = CrashImage(backing, rig, log)
+    try:
+        for k in sorted(chosen):
+            img.replay(k)
+            dev = img.open_rw(k)
+            m = last_mark_before(log, k)
+            if m is not None and m >= first:
+                verify_fs(dev, fstype, files, m, k)
+            img.close_point(dev)
+    finally:
+        img.close()
+    ddlib.METADATA_CHECKS += img.checked
+    ddlib.report("log-writes %s: %d entries, %d crash points, %d checked, 0 failures" % (
+        fstype, len(log.entries), len(points), len(chosen)))
