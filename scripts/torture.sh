@@ -2,9 +2,10 @@
 # The long crash and corruption run (issue: "Prove it"), outside the test
 # command.  One guest boot runs the torture tests with TRIALS trials each:
 #   - log replay (test_torture_logwrites): TRIALS raw workloads, every crash
-#     point; the ext4 and XFS workloads with every crash point checked;
+#     point; the ext4 and XFS workloads with 40 x TRIALS crash points checked;
 #   - random power cuts (test_torture_power): TRIALS cuts (at least 5);
-#   - metadata corruption (test_torture_corrupt): 8 x TRIALS damaged copies;
+#   - metadata corruption (test_torture_corrupt): 8 x TRIALS damaged copies
+#     (at least 24);
 #   - generated bad table lines and messages: 40 x TRIALS;
 #   - the fixed power-cut and fault tests (test_crash, test_faults).
 # Usage: scripts/torture.sh [TRIALS]   (default 20; make torture TRIALS=N)

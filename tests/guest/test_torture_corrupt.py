@@ -31,7 +31,7 @@ from test_table import dedup_error_lines
 
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 32, 64
 NB = 1024
-TRIALS = ddlib.TORTURE_TRIALS * 8 or 24      # make torture TRIALS=N: 8N damaged copies
+TRIALS = max(24, ddlib.TORTURE_TRIALS * 8)   # make torture TRIALS=N: 8N damaged copies
 FANOUT = (BLOCK - 32) // 8
 
 

@@ -19,9 +19,9 @@ throw-away dm-snapshot (so recovery may write without disturbing the replay):
     fsynced before the last mark has its exact content, other files hold only
     their own blocks or zeros, and fsck is clean after unmount.
 The raw workload checks every crash point.  The filesystem workloads check a
-spread sample in the test command; DD_TORTURE_TRIALS (make torture) checks
-them all, with a longer workload, and repeats the raw workload with more
-seeds.
+spread sample: 8 points in the test command, 40 per trial with
+DD_TORTURE_TRIALS (make torture), which also lengthens the workloads and
+repeats the raw one with more seeds.
 """
 
 import hashlib
@@ -327,7 +327,7 @@ def verify_raw(dev, model, m, contents, point):
 def test_logwrites_raw_every_crash_point(backing, seed, trial):
     seed += trial * 7919
     rig = LogRig(backing, 64, ["commit_interval", "3600"])
-    model = raw_workload(rig, seed, rounds=8 if not TRIALS else 24)
+    model = raw_workload(rig, seed, rounds=8 if not TRIALS else 16)
     log = rig.finish()
     points = log.crash_points()
     assert rig.marks == len(model.at_mark)
@@ -466,7 +466,7 @@ def test_logwrites_filesystem(backing, seed, fstype):
     assert first in marks and end in marks, "marks missing from the log"
     fs_points = [k for k in points if k > marks[first]]
     early = [k for k in points if k < marks[first]]
-    chosen = pick_points(fs_points, None if TRIALS else 8) + pick_points(early, None if TRIALS else 2)
+    chosen = pick_points(fs_points, 40 * TRIALS or 8) + pick_points(early, 4 * TRIALS or 2)
     img = CrashImage(backing, rig, log)
     try:
         for k in sorted(chosen):
