@@ -10,7 +10,7 @@
 # Needs a nightly toolchain and cargo-fuzz (tools/install-fuzz.sh). The
 # build uses CARGO_BUILD_JOBS (default 1: the machine is shared). Findings
 # go to fuzz/artifacts/<target>/; reproduce one with
-#   cd tools/fuzz && cargo +nightly fuzz run <target> <file>
+#   cd tools/fuzz && cargo +nightly fuzz run --sanitizer none <target> <file>
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/fuzz"
 
