@@ -315,15 +315,7 @@ fn check_finds_damage_and_refuses_non_dedup() {
     }
 
     // Garbage, text, an empty and a missing file: operational errors.
-    let mut x = 88172645463325252u64;
-    let garbage: Vec<u8> = (0..1 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let garbage = garbage_bytes(1 << 20);
     fs::write(&m, &garbage).unwrap();
     let o = dedup(&["check", s(&m)]);
     assert_eq!(code(&o), 8);
@@ -630,15 +622,7 @@ fn repair_refuses_clean_devices_and_bad_input() {
     assert_eq!(dumped_mappings(&m), spec.mappings);
 
     // Bad input: one line on stderr, exit 8, never a panic.
-    let mut x = 88172645463325252u64;
-    let garbage: Vec<u8> = (0..1 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let garbage = garbage_bytes(1 << 20);
     let g = t.path("garbage");
     fs::write(&g, &garbage).unwrap();
     let z = t.path("zeros");
@@ -776,4 +760,18 @@ fn metadata_blocks_used(m: &Path) -> u64 {
     let o = dedup(&["check", s(m), "--json"]);
     let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     j["summary"]["metadata_blocks_used"].as_u64().unwrap()
+}
+
+/// Deterministic pseudo-random bytes (xorshift64): metadata that is
+/// neither zero nor dm-dedup.
+fn garbage_bytes(len: usize) -> Vec<u8> {
+    let mut x = 88172645463325252u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
