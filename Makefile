@@ -7,6 +7,7 @@
 #   make test         every test (installs what it needs)
 #   make torture TRIALS=N   the long crash and corruption run (default 4, ~1.5 h)
 #   make demo         the main demo in a guest
+#   make bench        raw, dm-thin, dm-vdo and dm-dedup side by side (~1 h)
 #   make install      install the module into /lib/modules/$(KVER)
 
 KVER ?= $(shell ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | \
@@ -16,7 +17,7 @@ MOD_DIR := $(CURDIR)/dm-dedup
 CHECKPATCH ?= $(firstword $(wildcard /usr/src/linux-source-6.12/scripts/checkpatch.pl) \
 		$(KDIR)/scripts/checkpatch.pl)
 
-.PHONY: all module static w1 sparse checkpatch kunit test torture demo install clean
+.PHONY: all module static w1 sparse checkpatch kunit test torture demo bench install clean
 
 all: module
 
@@ -51,6 +52,9 @@ torture:
 
 demo:
 	scripts/demo.sh
+
+bench:
+	scripts/bench.sh
 
 install: module
 	$(MAKE) -C $(KDIR) M=$(MOD_DIR) INSTALL_MOD_DIR=updates modules_install

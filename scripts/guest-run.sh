@@ -13,6 +13,10 @@
 #   --rwdir DIR     host directory the guest may write to (repeatable)
 #   --kernel IMG    kernel image (default: newest /boot/vmlinuz-6.12.*-amd64)
 #   --console FILE  keep the guest's kernel console log there (default: a temp file)
+#   --drive NAME=FILE  attach FILE (raw) as a virtio-blk disk whose serial is
+#                   NAME (repeatable); in the guest /sys/block/vd*/serial
+#                   names it.  cache=unsafe (guest flushes stop at the host
+#                   page cache), discard=unmap (discards punch holes)
 #   --print-kver    print the selected guest kernel version and exit
 #
 # The exit status is read from a file that the guest writes into a host
@@ -32,6 +36,7 @@ CPUS=${GUEST_CPUS:-2}
 KERNEL=${GUEST_KERNEL:-}
 CONSOLE_LOG=
 RWDIRS=()
+DRIVES=()
 PRINT_KVER=0
 APPEND="panic_on_warn=1 slub_debug=FZPU kfence.sample_interval=100 hung_task_panic=1"
 
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
         --rwdir) RWDIRS+=("$2"); shift 2 ;;
         --kernel) KERNEL=$2; shift 2 ;;
         --console) CONSOLE_LOG=$2; shift 2 ;;
+        --drive) DRIVES+=("$2"); shift 2 ;;
         --print-kver) PRINT_KVER=1; shift ;;
         --) shift; break ;;
         -*) echo "guest-run: unknown option $1" >&2; exit 2 ;;
@@ -91,8 +97,16 @@ for d in "${RWDIRS[@]}"; do VNG+=(--rwdir "$d"); done
 # Kernel console: vng sends ttyS0 to /dev/null and boots "quiet loglevel=1";
 # add a virtio console (hvc0) logged to a host file, with a log level that
 # shows warnings, errors and oopses (for post-mortems of a dead guest).
-VNG+=(--append "$APPEND" --append "console=hvc0 loglevel=5"
-      "--qemu-opts=-chardev file,id=ddconsole,path=$CONSOLE_LOG -device virtconsole,chardev=ddconsole"
+QOPTS="-chardev file,id=ddconsole,path=$CONSOLE_LOG -device virtconsole,chardev=ddconsole"
+for d in "${DRIVES[@]}"; do
+    dname=${d%%=*} dfile=${d#*=}
+    [[ "$dname" =~ ^[A-Za-z0-9_-]+$ ]] && [ "$dname" != "$d" ] ||
+        { echo "guest-run: --drive wants NAME=FILE, NAME of [A-Za-z0-9_-]: $d" >&2; exit 2; }
+    [ -f "$dfile" ] || { echo "guest-run: --drive $dname: no file $dfile" >&2; exit 2; }
+    QOPTS+=" -drive if=none,id=dd-$dname,file=$dfile,format=raw,cache=unsafe,discard=unmap,aio=threads"
+    QOPTS+=" -device virtio-blk-pci,drive=dd-$dname,serial=$dname"
+done
+VNG+=(--append "$APPEND" --append "console=hvc0 loglevel=5" "--qemu-opts=$QOPTS"
       --exec "bash $STATE/run.sh")
 
 # One guest at a time: wait for any other guest-run.sh to finish.

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# `make bench`: raw device, dm-thin, dm-vdo and dm-dedup side by side, on the
+# same disks and data, in one guest boot.  Not part of `make test`.
+#
+#   1. installs what it needs (scripts/install-deps.sh, plus vdo from
+#      bookworm-backports, debootstrap and python3-matplotlib);
+#   2. builds the module and the release `dedup` tool;
+#   3. builds the VM image pool once (scripts/bench-images.sh, cached);
+#   4. boots the guest once with three disks (data 12 GiB, meta 1 GiB, the
+#      pool), 10 GiB of RAM (the pool fits
+#      in its page cache), and runs tests/bench/bench.py;
+#   5. writes the table, JSON and charts (tests/bench/report.py).
+#
+# Results: Documentation/benchmarks/ (results.json, results.rst, *.png), which
+# Documentation/benchmarks.rst includes.  A quick smoke run (BENCH_QUICK=1:
+# small sizes, one repetition, two images) writes to tests/out/bench/ instead.
+#
+# Environment: BENCH_REPS (3), BENCH_QUICK, BENCH_STACKS ("raw thin vdo
+# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync pool"),
+# BENCH_CACHE (/var/cache/dm-dedup-bench), BENCH_OUT (result directory),
+# BENCH_DATA_GIB (12), SKIP_DEPS=1, SKIP_BUILD=1, GUEST_TIMEOUT (7200).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+exec </dev/null
+say() { printf 'bench: %s\n' "$*"; }
+die() { printf 'bench: ERROR: %s\n' "$*" >&2; exit 1; }
+
+CACHE=${BENCH_CACHE:-/var/cache/dm-dedup-bench}
+QUICK=${BENCH_QUICK:-0}
+if [ "$QUICK" = 1 ]; then
+    OUT=${BENCH_OUT:-$REPO/tests/out/bench}
+    REPS=${BENCH_REPS:-1}
+else
+    OUT=${BENCH_OUT:-$REPO/Documentation/benchmarks}
+    REPS=${BENCH_REPS:-3}
+fi
+DATA_GIB=${BENCH_DATA_GIB:-12}
+
+if [ "${SKIP_DEPS:-0}" != 1 ]; then
+    say "installing dependencies"
+    "$REPO/scripts/install-deps.sh"
+    export DEBIAN_FRONTEND=noninteractive
+    need=()
+    command -v vdoformat >/dev/null || need+=(vdo)
+    command -v debootstrap >/dev/null || need+=(debootstrap)
+    /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
+    if [ "${#need[@]}" != 0 ]; then
+        say "installing ${need[*]} (vdo from bookworm-backports)"
+        apt-get -q update >/tmp/bench-apt.log 2>&1 || { cat /tmp/bench-apt.log >&2; die "apt-get update failed"; }
+        apt-get -y -q -o APT::Install-Recommends=false install -t bookworm-backports \
+            "${need[@]}" >>/tmp/bench-apt.log 2>&1 ||
+            { tail -n 30 /tmp/bench-apt.log >&2; die "apt-get install ${need[*]} failed"; }
+    fi
+fi
+for c in vdoformat vdostats debootstrap fio; do
+    command -v "$c" >/dev/null || die "$c missing (run without SKIP_DEPS=1)"
+done
+
+KVER=$("$REPO/scripts/guest-run.sh" --print-kver)
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    say "building the module and the release dedup tool"
+    make -s -C "$REPO" KDIR="/usr/src/linux-headers-$KVER" >/dev/null
+    (cd "$REPO/tools" && cargo build -q --release)
+fi
+[ -f "$REPO/dm-dedup/dm-dedup.ko" ] || die "no dm-dedup/dm-dedup.ko"
+[ -x "$REPO/tools/target/release/dedup" ] || die "no tools/target/release/dedup"
+
+BENCH_CACHE=$CACHE "$REPO/scripts/bench-images.sh"
+
+# Fresh sparse backing files every run; the guest discards them between
+# stacks as well.
+mkdir -p "$CACHE/disks" "$OUT"
+rm -f "$CACHE/disks/data.img" "$CACHE/disks/meta.img"
+truncate -s "${DATA_GIB}G" "$CACHE/disks/data.img"
+truncate -s 1G "$CACHE/disks/meta.img"
+
+# The guest writes results.json into a scratch directory first, so that a
+# failed run never replaces the published results.
+SCRATCH=$REPO/tests/out/bench-run
+rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
+
+host_cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
+qemu_ver=$(qemu-system-x86_64 --version | head -n 1)
+q() { printf '%q' "$1"; }
+CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
+export BENCH_STACKS=$(q "${BENCH_STACKS:-raw thin vdo dedup}")
+export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync pool}")
+export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/target/release/dedup")
+/usr/bin/python3 $(q "$REPO/tests/bench/bench.py")"
+
+say "booting the guest (results in $SCRATCH)"
+start=$(date +%s)
+GUEST_TIMEOUT=${GUEST_TIMEOUT:-7200} "$REPO/scripts/guest-run.sh" --memory 10G \
+    --rwdir "$SCRATCH" \
+    --drive data="$CACHE/disks/data.img" --drive meta="$CACHE/disks/meta.img" \
+    --drive pool="$CACHE/pool.img" -- "$CMD"
+say "guest finished after $(( $(date +%s) - start )) s"
+rm -f "$CACHE/disks/data.img" "$CACHE/disks/meta.img"
+
+/usr/bin/python3 "$REPO/tests/bench/report.py" "$SCRATCH/results.json" "$OUT" \
+    --host-cpu "$host_cpu" --host-cores "$(nproc)" \
+    --host-mem "$(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo)" \
+    --qemu "$qemu_ver" --commit "$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)"
+say "results: $OUT/results.rst, $OUT/results.json, $OUT/*.png"

@@ -1,0 +1,564 @@
+#!/usr/bin/python3
+"""Guest side of `make bench`: every stack and every workload in one boot.
+
+Runs INSIDE the QEMU guest started by scripts/bench.sh.  Three virtio disks
+are attached, found by serial: `data` (the backing device every stack uses),
+`meta` (the metadata device of dm-thin and dm-dedup; dm-vdo keeps its
+metadata on `data`) and `pool` (an ext4 disk of VM images, read-only).
+
+Stacks, each created fresh on discarded disks for every workload:
+  raw    dm-linear over `data`
+  thin   thin-pool (64 KiB chunks, zeroing on: LVM's defaults) + thin volume
+  vdo    vdoformat + dm-vdo table, compression off, other settings default
+  dedup  dm-dedup with its defaults
+thin, vdo and dedup get the same logical size (twice the data disk).
+
+Every fio run writes a region no earlier run of that stack touched, with
+its own random seed, so runs never duplicate one another.  The first run of
+each workload is a warm-up and is not counted.
+
+Writes results to $BENCH_OUT/results.json (rewritten after each workload,
+so a failed run keeps what it measured) and a log to stdout.
+"""
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "guest"))
+import ddlib  # noqa: E402
+
+BLOCK = 4096
+MIB = 1 << 20
+OUT = os.environ.get("BENCH_OUT", "/tmp/bench-out")
+REPS = int(os.environ.get("BENCH_REPS", "3"))
+QUICK = os.environ.get("BENCH_QUICK", "0") == "1"
+STACKS = os.environ.get("BENCH_STACKS", "raw thin vdo dedup").split()
+WORKLOADS = os.environ.get("BENCH_WORKLOADS",
+                           "seqwrite randwrite randread fsync pool").split()
+DEDUP_BIN = os.environ.get("DEDUP_BIN") or os.path.join(
+    ddlib.REPO, "tools", "target", "release", "dedup")
+
+# Sizes per run.  Under TCG a 4 KiB random write costs ~0.4 ms on the raw
+# device, so these keep the whole run near 45 minutes.
+SEQ_BYTES = (32 if QUICK else 256) * MIB
+RAND_BYTES = (8 if QUICK else 64) * MIB
+READ_FILL = (32 if QUICK else 256) * MIB
+TIMED_SECS = 3 if QUICK else 10
+THIN_CHUNK_SECTORS = 128            # 64 KiB, LVM's default chunk size
+VDO_CACHE_BLOCKS = 32768            # dm-vdo's default block map cache (128 MiB)
+VDO_ERA = 16380                     # dm-vdo's default block map era length
+
+RESULTS = {"version": 1, "config": {}, "machine": {}, "runs": [],
+           "checks": [], "pool": [], "memory": []}
+
+
+def log(msg):
+    print("bench: " + msg, flush=True)
+
+
+def sh(cmd, check=True, timeout=3600):
+    return ddlib.run(cmd, check=check, timeout=timeout)
+
+
+def save():
+    os.makedirs(OUT, exist_ok=True)
+    tmp = os.path.join(OUT, "results.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(RESULTS, f, indent=1, sort_keys=True)
+    os.rename(tmp, os.path.join(OUT, "results.json"))
+
+
+def disk(serial):
+    for b in sorted(os.listdir("/sys/block")):
+        try:
+            with open("/sys/block/%s/serial" % b) as f:
+                if f.read().strip() == serial:
+                    return "/dev/" + b
+        except OSError:
+            pass
+    return None
+
+
+def sectors(dev):
+    return int(sh(["blockdev", "--getsz", dev]).stdout)
+
+
+def meminfo():
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k] = int(v.split()[0])
+    return out
+
+
+def kernel_memory():
+    """KiB the kernel holds that no cache drop can free (with caches dropped)."""
+    sh(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+    time.sleep(1)
+    m = meminfo()
+    used = m["MemTotal"] - m["MemFree"] - m["Buffers"] - m["Cached"]
+    return {"used_kib": used, "slab_kib": m["Slab"], "vmalloc_kib": m["VmallocUsed"]}
+
+
+# --- stacks -------------------------------------------------------------------
+
+class Stack:
+    name = "?"
+
+    def __init__(self, data, meta):
+        self.data, self.meta = data, meta
+        self.data_sectors = sectors(data)
+        self.logical_sectors = 2 * self.data_sectors
+        self.dev = None
+
+    def data_blocks(self):
+        return self.data_sectors // 8
+
+    def physical_blocks(self):
+        """4 KiB blocks the stack stores for data, or None (raw)."""
+        return None
+
+    def extra(self):
+        return {}
+
+    def remove(self):
+        for n in self.dm_names():
+            if ddlib.dm_exists(n):
+                sh(["dmsetup", "remove", "--retry", n])
+        self.dev = None
+
+    def dm_names(self):
+        return []
+
+
+class Raw(Stack):
+    name = "raw"
+
+    def create(self):
+        self.logical_sectors = self.data_sectors
+        sh(["dmsetup", "create", "bench-raw", "--table",
+            "0 %d linear %s 0" % (self.data_sectors, self.data)])
+        self.dev = "/dev/mapper/bench-raw"
+
+    def dm_names(self):
+        return ["bench-raw"]
+
+
+class Thin(Stack):
+    name = "thin"
+
+    def create(self):
+        sh(["dmsetup", "create", "bench-pool", "--table",
+            "0 %d thin-pool %s %s %d 0" % (self.data_sectors, self.meta, self.data,
+                                            THIN_CHUNK_SECTORS)])
+        sh(["dmsetup", "message", "bench-pool", "0", "create_thin 0"])
+        sh(["dmsetup", "create", "bench-thin", "--table",
+            "0 %d thin /dev/mapper/bench-pool 0" % self.logical_sectors])
+        self.dev = "/dev/mapper/bench-thin"
+
+    def pool_status(self):
+        # <transaction> <meta used>/<total> <data used>/<total> ...
+        f = sh(["dmsetup", "status", "bench-pool"]).stdout.split()
+        mu, mt = f[4].split("/")
+        du, dt = f[5].split("/")
+        return int(mu), int(mt), int(du), int(dt)
+
+    def physical_blocks(self):
+        return self.pool_status()[2] * THIN_CHUNK_SECTORS // 8
+
+    def extra(self):
+        mu, mt, du, dt = self.pool_status()
+        return {"metadata_blocks_used": mu, "chunks_used": du}
+
+    def dm_names(self):
+        return ["bench-thin", "bench-pool"]
+
+
+class Vdo(Stack):
+    name = "vdo"
+
+    def create(self):
+        sh(["vdoformat", "--force", "--logical-size=%dK" % (self.logical_sectors // 2),
+            self.data])
+        sh(["dmsetup", "create", "bench-vdo", "--table",
+            "0 %d vdo V4 %s %d 4096 %d %d compression off" % (
+                self.logical_sectors, self.data, self.data_sectors // 8,
+                VDO_CACHE_BLOCKS, VDO_ERA)])
+        self.dev = "/dev/mapper/bench-vdo"
+
+    def stats(self):
+        out = {}
+        for line in sh(["vdostats", "--verbose", self.dev]).stdout.splitlines():
+            if ":" in line:
+                k, _, v = line.partition(":")
+                out[k.strip()] = v.strip()
+        return out
+
+    def physical_blocks(self):
+        return int(self.stats()["data blocks used"])
+
+    def extra(self):
+        s = self.stats()
+        keys = ("data blocks used", "overhead blocks used", "logical blocks used",
+                "dedupe advice valid", "dedupe advice stale", "dedupe advice timeouts",
+                "saving percent")
+        return {k.replace(" ", "_"): s.get(k) for k in keys if k in s}
+
+    def dm_names(self):
+        return ["bench-vdo"]
+
+
+class Dedup(Stack):
+    name = "dedup"
+
+    def create(self):
+        sh(["dmsetup", "create", "bench-dedup", "--table",
+            "0 %d dedup %s %s" % (self.logical_sectors, self.meta, self.data)])
+        self.dev = "/dev/mapper/bench-dedup"
+
+    def stats(self):
+        out = {}
+        for line in sh(["dmsetup", "message", "bench-dedup", "0", "stats"]).stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out[parts[0]] = int(parts[1]) if parts[1].lstrip("-").isdigit() else parts[1]
+        return out
+
+    def physical_blocks(self):
+        return self.stats()["data_blocks_live"]
+
+    def extra(self):
+        s = self.stats()
+        keys = ("data_blocks_live", "mapped_blocks", "unique_writes", "duplicate_writes",
+                "zero_writes", "index_bytes", "index_entries", "index_full",
+                "metadata_blocks_used", "transaction_id", "deferred_reads")
+        return {k: s[k] for k in keys if k in s}
+
+    def dm_names(self):
+        return ["bench-dedup"]
+
+
+STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup}
+
+
+def fresh(stack_cls, data, meta):
+    """Discard both disks (the host file gets holes) and create the stack."""
+    sh(["blkdiscard", data])
+    sh(["blkdiscard", meta])
+    s = stack_cls(data, meta)
+    s.create()
+    sh(["udevadm", "settle"], check=False)
+    return s
+
+
+# --- fio ----------------------------------------------------------------------
+
+def fio(dev, **opts):
+    args = ["fio", "--name=bench", "--filename=" + dev, "--direct=1",
+            "--ioengine=libaio", "--output-format=json", "--group_reporting"]
+    args += ["--%s=%s" % (k, v) for k, v in opts.items()]
+    p = sh(args, timeout=1800)
+    job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
+    side = "write" if job["write"]["io_bytes"] > job["read"]["io_bytes"] else "read"
+    j = job[side]
+    lat = j.get("clat_ns", {}).get("percentile", {})
+    return {"iops": j["iops"], "bw_bytes": j["bw_bytes"], "io_bytes": j["io_bytes"],
+            "runtime_ms": j["runtime"], "clat_p50_us": lat.get("50.000000", 0) / 1000,
+            "clat_p99_us": lat.get("99.000000", 0) / 1000}
+
+
+def data_opts(dup_percent, seed):
+    # refill_buffers + scramble_buffers=0: every buffer is fresh random data
+    # unless fio makes it a duplicate on purpose (testing.md pitfalls).
+    o = {"refill_buffers": 1, "scramble_buffers": 0, "randseed": seed}
+    if dup_percent:
+        o["dedupe_percentage"] = dup_percent
+    return o
+
+
+def record(workload, param, stack, metric, unit, runs, better="higher", extra=None):
+    vals = [r[metric] for r in runs[1:]]            # runs[0] is the warm-up
+    entry = {"workload": workload, "param": param, "stack": stack, "metric": metric,
+             "unit": unit, "better": better, "values": vals,
+             "median": statistics.median(vals), "min": min(vals), "max": max(vals),
+             "warmup": runs[0][metric], "runs": runs, "extra": extra or {}}
+    RESULTS["runs"].append(entry)
+    log("%-9s %-8s %-6s %s median %.1f %s (min %.1f, max %.1f; warm-up %.1f)" % (
+        workload, param, stack, metric, entry["median"], unit, entry["min"], entry["max"],
+        entry["warmup"]))
+
+
+def estimate_region(dev, offset, length):
+    """`dedup estimate` over [offset, offset+length) of dev: the real dup ratio."""
+    name = "bench-slice"
+    sh(["dmsetup", "create", name, "--table",
+        "0 %d linear %s %d" % (length // 512, dev, offset // 512)])
+    try:
+        p = sh([DEDUP_BIN, "estimate", "--json", "--block-sizes", "4096",
+                "/dev/mapper/" + name])
+    finally:
+        sh(["dmsetup", "remove", "--retry", name])
+    b = json.loads(p.stdout)["block_sizes"][0]
+    total = b["total_blocks"]
+    stored = b["stored_bytes"] // BLOCK
+    return {"blocks": total, "zero_blocks": b["zero_blocks"], "stored_blocks": stored,
+            "duplicate_percent": round(100.0 * (total - stored) / total, 2)}
+
+
+def check_dups(workload, param, stack, before, after, est):
+    """What the stack itself saw: share of written blocks it did not store."""
+    c = {"workload": workload, "param": param, "stack": stack.name}
+    if est is not None:
+        c["estimate"] = est
+    if isinstance(stack, Dedup):
+        u = after["unique_writes"] - before["unique_writes"]
+        d = (after["duplicate_writes"] - before["duplicate_writes"] +
+             after["zero_writes"] - before["zero_writes"])
+        c["dedup_duplicate_percent"] = round(100.0 * d / max(1, u + d), 2)
+    if isinstance(stack, Vdo):
+        lu = int(after["logical_blocks_used"]) - int(before.get("logical_blocks_used", 0))
+        du = int(after["data_blocks_used"]) - int(before.get("data_blocks_used", 0))
+        c["vdo_duplicate_percent"] = round(100.0 * (lu - du) / max(1, lu), 2)
+    RESULTS["checks"].append(c)
+    log("duplicates %-9s %-8s %-6s %s" % (workload, param, stack.name,
+                                          {k: v for k, v in c.items()
+                                           if k.endswith("percent") or k == "estimate"}))
+
+
+# --- workloads ----------------------------------------------------------------
+
+def write_series(stacks, data, meta, workload, params, fio_base, size, metric, unit):
+    for dup in params:
+        for cls in stacks:
+            s = fresh(cls, data, meta)
+            try:
+                before = s.extra()
+                runs = []
+                for i in range(REPS + 1):
+                    seed = 1000 + 100 * dup + i
+                    o = dict(fio_base, size=size, offset=i * size, **data_opts(dup, seed))
+                    runs.append(fio(s.dev, **o))
+                sh(["sync"])
+                after = s.extra()
+                est = None
+                if cls is Raw:
+                    est = estimate_region(s.dev, 0, (REPS + 1) * size)
+                record(workload, "%d%%" % dup, s.name, metric, unit, runs, extra=after)
+                if cls in (Raw, Dedup, Vdo):
+                    check_dups(workload, "%d%%" % dup, s, before, after, est)
+            finally:
+                s.remove()
+        save()
+
+
+def w_seqwrite(stacks, data, meta):
+    write_series(stacks, data, meta, "seqwrite", (0, 50, 100),
+                 {"rw": "write", "bs": "1M", "iodepth": 4}, SEQ_BYTES, "bw_bytes", "B/s")
+
+
+def w_randwrite(stacks, data, meta):
+    write_series(stacks, data, meta, "randwrite", (0, 50, 90),
+                 {"rw": "randwrite", "bs": "4k", "iodepth": 32}, RAND_BYTES, "iops", "IOPS")
+
+
+def w_randread(stacks, data, meta):
+    for cls in stacks:
+        s = fresh(cls, data, meta)
+        try:
+            fio(s.dev, rw="write", bs="1M", iodepth=4, size=READ_FILL,
+                **data_opts(0, 77))
+            runs = [fio(s.dev, rw="randread", bs="4k", iodepth=32, size=READ_FILL,
+                        time_based=1, runtime=TIMED_SECS, randseed=500 + i)
+                    for i in range(REPS + 1)]
+            record("randread", "after fill", s.name, "iops", "IOPS", runs, extra=s.extra())
+        finally:
+            s.remove()
+    save()
+
+
+def w_fsync(stacks, data, meta):
+    region = 64 * MIB
+    for cls in stacks:
+        s = fresh(cls, data, meta)
+        try:
+            runs = [fio(s.dev, rw="write", bs="4k", iodepth=1, fsync=1, size=region,
+                        offset=i * region, time_based=1, runtime=TIMED_SECS,
+                        **data_opts(0, 900 + i))
+                    for i in range(REPS + 1)]
+            record("fsync", "4k+fsync", s.name, "iops", "IOPS", runs, extra=s.extra())
+        finally:
+            s.remove()
+    save()
+
+
+def w_pool(stacks, data, meta):
+    pooldev = disk("pool")
+    if pooldev is None:
+        raise SystemExit("bench: no disk with serial 'pool' (scripts/bench.sh attaches it)")
+    src = "/tmp/bench-pool"
+    os.makedirs(src, exist_ok=True)
+    sh(["mount", "-o", "ro", pooldev, src])
+    try:
+        images = sorted(os.path.join(src, "images", f)
+                        for f in os.listdir(os.path.join(src, "images")))
+        if QUICK:
+            images = images[:2]
+        apparent = sum(os.path.getsize(f) for f in images)
+        log("pool: %d images, %.0f MiB apparent" % (len(images), apparent / MIB))
+        p = sh([DEDUP_BIN, "estimate", "--json", "--block-sizes", "4096"] + images)
+        b = json.loads(p.stdout)["block_sizes"][0]
+        est = {"images": [os.path.basename(f) for f in images], "apparent_bytes": apparent,
+               "blocks": b["total_blocks"], "zero_blocks": b["zero_blocks"],
+               "stored_blocks": b["stored_bytes"] // BLOCK,
+               "savings_percent": b["savings_percent"]}
+        RESULTS["pool_estimate"] = est
+        log("pool estimate: %s" % est)
+        mnt = "/tmp/bench-fs"
+        os.makedirs(mnt, exist_ok=True)
+        for cls in stacks:
+            sh(["blkdiscard", data])
+            sh(["blkdiscard", meta])
+            k0 = kernel_memory()
+            s = cls(data, meta)
+            s.create()
+            try:
+                # No discard at mkfs (the disks were just discarded) and no
+                # background inode-table zeroing during the copy.
+                sh(["mkfs.ext4", "-q", "-F", "-E",
+                    "nodiscard,lazy_itable_init=1,lazy_journal_init=1", s.dev])
+                sh(["mount", "-o", "noinit_itable", s.dev, mnt])
+                sh(["sync"])
+                phys0 = s.physical_blocks()
+                df0 = os.statvfs(mnt)
+                for f in images:                     # the source in page cache
+                    sh(["dd", "if=" + f, "of=/dev/null", "bs=1M", "status=none"],
+                       timeout=1800)
+                t0 = time.monotonic()
+                sh(["cp", "--sparse=auto"] + images + [mnt + "/"], timeout=7200)
+                sh(["sync"])
+                secs = time.monotonic() - t0
+                df1 = os.statvfs(mnt)
+                fs_blocks = (df0.f_bfree - df1.f_bfree) * df1.f_frsize // BLOCK
+                phys1 = s.physical_blocks()
+                sh(["umount", mnt])
+                k1 = kernel_memory()
+                stored = fs_blocks if phys1 is None else phys1 - phys0
+                row = {"stack": s.name, "ingest_secs": round(secs, 2),
+                       "ingest_bytes_per_sec": apparent / secs,
+                       "fs_blocks_used": fs_blocks, "stored_blocks": stored,
+                       "savings_percent": round(100.0 * (1 - stored * BLOCK / apparent), 2),
+                       "extra": s.extra()}
+                RESULTS["pool"].append(row)
+                mem = {"stack": s.name, "before": k0, "after": k1,
+                       "delta_kib": k1["used_kib"] - k0["used_kib"],
+                       "data_blocks": s.data_blocks(), "stored_blocks": stored}
+                mem["bytes_per_data_block"] = round(mem["delta_kib"] * 1024 / s.data_blocks(), 2)
+                mem["bytes_per_stored_block"] = round(mem["delta_kib"] * 1024 / max(1, stored), 2)
+                RESULTS["memory"].append(mem)
+                log("pool %-6s ingest %.1f s, stored %d blocks (%.2f %% saved), kernel "
+                    "memory +%d KiB = %.2f B per data block" % (
+                        s.name, secs, stored, row["savings_percent"], mem["delta_kib"],
+                        mem["bytes_per_data_block"]))
+            finally:
+                if os.path.ismount(mnt):
+                    sh(["umount", mnt])
+                s.remove()
+            save()
+    finally:
+        sh(["umount", src])
+
+
+WORKLOAD_FUNCS = {"seqwrite": w_seqwrite, "randwrite": w_randwrite,
+                  "randread": w_randread, "fsync": w_fsync, "pool": w_pool}
+
+
+def cpu_reference():
+    """What the (emulated) CPU can do per second: SHA-256 of 4 KiB blocks
+    and memory copies, so that a reader can tell CPU-bound ratios from I/O."""
+    import hashlib
+    buf = os.urandom(1 << 20)
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 2:
+        for i in range(0, len(buf), BLOCK):
+            hashlib.sha256(buf[i:i + BLOCK]).digest()
+        n += len(buf)
+    sha = n / (time.monotonic() - t0)
+    n, t0 = 0, time.monotonic()
+    dst = bytearray(len(buf))
+    while time.monotonic() - t0 < 2:
+        dst[:] = buf
+        n += len(buf)
+    return {"sha256_4k_bytes_per_sec": round(sha), "memcpy_bytes_per_sec": round(
+        n / (time.monotonic() - t0))}
+
+
+def versions():
+    def out(cmd):
+        p = ddlib.run(cmd, check=False)
+        return (p.stdout or p.stderr).strip().splitlines()[0] if (p.stdout or p.stderr) else ""
+    m = meminfo()
+    return {"guest_kernel": platform.release(), "guest_cpus": os.cpu_count(),
+            "guest_mem_kib": m["MemTotal"], "fio": out(["fio", "--version"]),
+            "vdo_tools": out(["vdoformat", "--version"]),
+            "dm_targets": sh(["dmsetup", "targets"]).stdout.split("\n"),
+            "sha256_driver": crypto_driver("sha256")}
+
+
+def crypto_driver(alg):
+    """The implementation the kernel picks for alg: the highest priority."""
+    best, entry = (-1, ""), {}
+    with open("/proc/crypto") as f:
+        for line in list(f) + [""]:
+            if not line.strip():
+                if entry.get("name") == alg and int(entry.get("priority", 0)) > best[0]:
+                    best = (int(entry["priority"]), entry.get("driver", ""))
+                entry = {}
+                continue
+            k, _, v = line.partition(":")
+            entry[k.strip()] = v.strip()
+    return best[1]
+
+
+def main():
+    for w in WORKLOADS:
+        if w not in WORKLOAD_FUNCS:
+            raise SystemExit("bench: unknown workload %r (%s)" % (w, " ".join(WORKLOAD_FUNCS)))
+    data, meta = disk("data"), disk("meta")
+    if not data or not meta:
+        raise SystemExit("bench: disks with serials 'data' and 'meta' are needed")
+    ddlib.load_dedup_module()
+    for m in ("dm-thin-pool", "dm-vdo"):
+        ddlib.modprobe(m)
+    RESULTS["machine"] = versions()
+    RESULTS["machine"].update(cpu_reference())
+    log("guest CPU: %s" % {k: v for k, v in RESULTS["machine"].items() if "per_sec" in k})
+    RESULTS["config"] = {"reps": REPS, "quick": QUICK, "stacks": STACKS,
+                         "workloads": WORKLOADS, "seq_bytes": SEQ_BYTES,
+                         "rand_bytes": RAND_BYTES, "read_fill_bytes": READ_FILL,
+                         "timed_secs": TIMED_SECS, "data_bytes": sectors(data) * 512,
+                         "meta_bytes": sectors(meta) * 512,
+                         "thin_chunk_bytes": THIN_CHUNK_SECTORS * 512,
+                         "vdo_block_map_cache_bytes": VDO_CACHE_BLOCKS * BLOCK}
+    stacks = [STACK_CLASSES[n] for n in STACKS]
+    t0 = time.monotonic()
+    for w in WORKLOADS:
+        t = time.monotonic()
+        log("=== %s ===" % w)
+        WORKLOAD_FUNCS[w](stacks, data, meta)
+        RESULTS.setdefault("workload_secs", {})[w] = round(time.monotonic() - t, 1)
+        save()
+    RESULTS["total_secs"] = round(time.monotonic() - t0, 1)
+    save()
+    log("done in %.0f s: %s" % (RESULTS["total_secs"], os.path.join(OUT, "results.json")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+#!/usr/bin/python3
+"""Turn the guest's results.json into the published benchmark results.
+
+usage: report.py RESULTS_JSON OUT_DIR [--host-cpu S] [--host-cores N]
+                 [--host-mem S] [--qemu S] [--commit S]
+
+Writes OUT_DIR/results.json (the input plus the host description),
+OUT_DIR/results.rst (tables in the kernel's rst style, included by
+Documentation/benchmarks.rst) and one PNG chart per workload.  Ratios are
+taken between medians measured in the same boot.
+"""
+
+import argparse
+import json
+import os
+import shutil
+
+STACK_ORDER = ["raw", "thin", "vdo", "dedup"]
+STACK_LABEL = {"raw": "raw (dm-linear)", "thin": "dm-thin", "vdo": "dm-vdo",
+               "dedup": "dm-dedup"}
+WORKLOAD_TITLE = {
+    "seqwrite": "Sequential 1 MiB writes, iodepth 4 (MB/s)",
+    "randwrite": "4 KiB random writes, iodepth 32 (IOPS)",
+    "randread": "4 KiB random reads after a fill, iodepth 32 (IOPS)",
+    "fsync": "4 KiB writes with an fsync after each, iodepth 1 (IOPS)",
+}
+
+
+def fmt(v, unit):
+    if unit == "B/s":
+        return "%.1f" % (v / 1e6)
+    return "%.0f" % v
+
+
+def rst_table(header, rows):
+    cols = list(zip(*([header] + rows)))
+    widths = [max(len(str(c)) for c in col) for col in cols]
+    sep = "  ".join("=" * w for w in widths)
+    out = [sep, "  ".join(str(h).ljust(w) for h, w in zip(header, widths)), sep]
+    for r in rows:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    out.append(sep)
+    return "\n".join(out)
+
+
+def ratio(a, b):
+    return "%.2fx" % (a / b) if a is not None and b else "-"
+
+
+def by_key(runs):
+    out = {}
+    for r in runs:
+        out.setdefault((r["workload"], r["param"]), {})[r["stack"]] = r
+    return out
+
+
+def targets(res, groups):
+    """The issue's targets for dm-dedup, each as (text, value, goal, met)."""
+    out = []
+
+    def med(w, p, s):
+        r = groups.get((w, p), {}).get(s)
+        return r["median"] if r else None
+
+    def add(text, num, den, goal, higher=True):
+        if num is None or not den:
+            out.append((text, "not measured", goal, "-"))
+            return
+        v = num / den
+        met = v >= goal if higher else v <= goal
+        out.append((text, "%.2fx" % v, ("at least " if higher else "at most ") + "%.2fx" % goal,
+                    "met" if met else "MISSED"))
+
+    add("4 KiB random writes, 50 % duplicates: dm-dedup / dm-vdo IOPS",
+        med("randwrite", "50%", "dedup"), med("randwrite", "50%", "vdo"), 1.5)
+    pool = {p["stack"]: p for p in res.get("pool", [])}
+    if "dedup" in pool and "vdo" in pool:
+        add("VM-pool ingest time: dm-dedup / dm-vdo", pool["dedup"]["ingest_secs"],
+            pool["vdo"]["ingest_secs"], 0.8, higher=False)
+    if "dedup" in pool and "vdo" in pool:
+        add("VM-pool stored blocks: dm-dedup / dm-vdo", pool["dedup"]["stored_blocks"],
+            pool["vdo"]["stored_blocks"], 1.0, higher=False)
+    add("sequential unique writes: dm-dedup / raw", med("seqwrite", "0%", "dedup"),
+        med("seqwrite", "0%", "raw"), 0.6)
+    add("sequential 100 %-duplicate writes: dm-dedup / raw", med("seqwrite", "100%", "dedup"),
+        med("seqwrite", "100%", "raw"), 1.5)
+    add("4 KiB random reads after a fill: dm-dedup / raw", med("randread", "after fill", "dedup"),
+        med("randread", "after fill", "raw"), 0.8)
+    mem = {m["stack"]: m for m in res.get("memory", [])}
+    if "dedup" in mem and "vdo" in mem:
+        add("kernel RAM per data block: dm-dedup / dm-vdo", mem["dedup"]["bytes_per_data_block"],
+            mem["vdo"]["bytes_per_data_block"], 1.0, higher=False)
+    return out
+
+
+def chart(path, title, unit, groups_for_workload):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    params = list(groups_for_workload)
+    stacks = [s for s in STACK_ORDER if any(s in groups_for_workload[p] for p in params)]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+    width = 0.8 / max(1, len(stacks))
+    scale = 1e6 if unit == "B/s" else 1
+    for i, s in enumerate(stacks):
+        xs, ys, lo, hi = [], [], [], []
+        for j, p in enumerate(params):
+            r = groups_for_workload[p].get(s)
+            if not r:
+                continue
+            xs.append(j + (i - (len(stacks) - 1) / 2) * width)
+            ys.append(r["median"] / scale)
+            lo.append((r["median"] - r["min"]) / scale)
+            hi.append((r["max"] - r["median"]) / scale)
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=STACK_LABEL[s])
+    ax.set_xticks(range(len(params)))
+    ax.set_xticklabels([p + (" duplicates" if p.endswith("%") else "") for p in params])
+    ax.set_ylabel("MB/s" if unit == "B/s" else unit)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results")
+    ap.add_argument("out")
+    ap.add_argument("--host-cpu", default="")
+    ap.add_argument("--host-cores", default="")
+    ap.add_argument("--host-mem", default="")
+    ap.add_argument("--qemu", default="")
+    ap.add_argument("--commit", default="")
+    a = ap.parse_args()
+
+    with open(a.results) as f:
+        res = json.load(f)
+    res["machine"].update(host_cpu=a.host_cpu, host_cores=a.host_cores, host_mem=a.host_mem,
+                          qemu=a.qemu, accel="TCG (software emulation)", commit=a.commit)
+    os.makedirs(a.out, exist_ok=True)
+    groups = by_key(res["runs"])
+    cfg, mach = res["config"], res["machine"]
+
+    doc = []
+    doc.append(".. Generated by tests/bench/report.py from results.json: do not edit.\n")
+    doc.append("Machine and run\n---------------\n")
+    doc.append(rst_table(["item", "value"], [
+        ["host CPU", "%s, %s cores, %s RAM" % (a.host_cpu, a.host_cores, a.host_mem)],
+        ["emulator", "%s, TCG (no KVM)" % a.qemu],
+        ["guest", "Linux %s, %s vCPUs, %d MiB" % (mach["guest_kernel"], mach["guest_cpus"],
+                                                 mach["guest_mem_kib"] // 1024)],
+        ["guest CPU (TCG)", "SHA-256 of 4 KiB blocks %.0f MB/s (kernel driver %s), memcpy "
+         "%.0f MB/s (one vCPU, userspace)" % (mach.get("sha256_4k_bytes_per_sec", 0) / 1e6,
+                                             mach.get("sha256_driver") or "-",
+                                             mach.get("memcpy_bytes_per_sec", 0) / 1e6)],
+        ["fio / vdo tools", "%s / %s" % (mach["fio"], mach["vdo_tools"])],
+        ["dm-dedup commit", a.commit or "-"],
+        ["data disk", "%d GiB virtio-blk, raw file, cache=unsafe" % (cfg["data_bytes"] >> 30)],
+        ["metadata disk", "%d MiB virtio-blk (dm-thin, dm-dedup)" % (cfg["meta_bytes"] >> 20)],
+        ["repetitions", "%d measured after 1 warm-up; medians, min-max" % cfg["reps"]],
+        ["run time", "%.0f min in the guest" % (res.get("total_secs", 0) / 60)],
+    ]))
+    doc.append("")
+
+    doc.append("Targets\n-------\n")
+    doc.append(rst_table(["target (ratio of medians, same boot)", "measured", "goal", ""],
+                         [list(t) for t in targets(res, groups)]))
+    doc.append("")
+
+    doc.append("fio workloads\n-------------\n")
+    doc.append("Each cell: median (min-max) over the measured repetitions.\n")
+    for w in ("seqwrite", "randwrite", "randread", "fsync"):
+        params = [p for (ww, p) in groups if ww == w]
+        if not params:
+            continue
+        wg = {p: groups[(w, p)] for p in params}
+        unit = next(iter(wg[params[0]].values()))["unit"]
+        doc.append(WORKLOAD_TITLE[w] + "\n" + "~" * len(WORKLOAD_TITLE[w]) + "\n")
+        rows = []
+        for p in params:
+            g = wg[p]
+            for s in STACK_ORDER:
+                r = g.get(s)
+                if not r:
+                    continue
+                raw, vdo = g.get("raw"), g.get("vdo")
+                rows.append([p, STACK_LABEL[s], "%s (%s-%s)" % (fmt(r["median"], unit),
+                             fmt(r["min"], unit), fmt(r["max"], unit)),
+                             ratio(r["median"], raw and raw["median"]),
+                             ratio(r["median"], vdo and vdo["median"])])
+        doc.append(rst_table(["", "stack", "MB/s" if unit == "B/s" else unit, "x raw",
+                              "x dm-vdo"], rows))
+        png = "%s.png" % w
+        chart(os.path.join(a.out, png), WORKLOAD_TITLE[w], unit, wg)
+        doc.append("\n.. image:: benchmarks/%s\n" % png)
+
+    if res.get("checks"):
+        doc.append("Duplicate ratio of the generated data\n"
+                   "-------------------------------------\n")
+        doc.append("What fio really wrote, measured three ways: ``dedup estimate`` over "
+                   "the raw device's written region, and the share of written blocks that "
+                   "dm-dedup and dm-vdo did not store.\n")
+        rows = []
+        for c in res["checks"]:
+            key = (c["workload"], c["param"])
+            row = next((r for r in rows if r[0] == key), None)
+            if row is None:
+                row = [key, "-", "-", "-"]
+                rows.append(row)
+            if "estimate" in c:
+                row[1] = "%.2f %%" % c["estimate"]["duplicate_percent"]
+            if "dedup_duplicate_percent" in c:
+                row[2] = "%.2f %%" % c["dedup_duplicate_percent"]
+            if "vdo_duplicate_percent" in c:
+                row[3] = "%.2f %%" % c["vdo_duplicate_percent"]
+        doc.append(rst_table(["workload", "estimator", "dm-dedup", "dm-vdo"],
+                             [["%s %s" % r[0]] + r[1:] for r in rows]))
+        doc.append("")
+
+    if res.get("pool"):
+        est = res.get("pool_estimate", {})
+        doc.append("VM image pool\n-------------\n")
+        doc.append("%d images, %.0f MiB apparent size, copied with ``cp`` onto a fresh ext4 "
+                   "on each stack, then ``sync``. ``dedup estimate`` over the images: %d "
+                   "blocks of 4 KiB, %d all-zero, %d distinct non-zero (%.2f %% savings). "
+                   "Stored blocks: what the stack allocated for the copy (the file "
+                   "system's own metadata included; for the raw device the blocks the "
+                   "file system allocated; dm-thin allocates 64 KiB chunks).\n" % (
+                       len(est.get("images", [])), est.get("apparent_bytes", 0) / 2**20,
+                       est.get("blocks", 0), est.get("zero_blocks", 0),
+                       est.get("stored_blocks", 0), est.get("savings_percent", 0)))
+        pool = {p["stack"]: p for p in res["pool"]}
+        rows = []
+        for s in STACK_ORDER:
+            p = pool.get(s)
+            if not p:
+                continue
+            rows.append([STACK_LABEL[s], "%.1f" % p["ingest_secs"],
+                         ratio(p["ingest_secs"], pool.get("raw", {}).get("ingest_secs")),
+                         ratio(p["ingest_secs"], pool.get("vdo", {}).get("ingest_secs")),
+                         "%d" % p["stored_blocks"],
+                         "%.2f %%" % p["savings_percent"],
+                         "%+d" % (p["stored_blocks"] - est["stored_blocks"]) if est else "-"])
+        doc.append(rst_table(["stack", "ingest s", "time x raw", "time x dm-vdo",
+                              "stored blocks", "savings", "vs estimate"], rows))
+        doc.append("")
+
+    if res.get("memory"):
+        doc.append("Kernel memory\n-------------\n")
+        doc.append("Kernel memory held after the VM-pool copy, with the file system "
+                   "unmounted and caches dropped (``drop_caches``), minus the same figure "
+                   "before the stack was created: MemTotal - MemFree - Buffers - Cached. "
+                   "Per data block: divided by the %d blocks of the data disk. dm-vdo's "
+                   "figure includes its fixed block-map cache (128 MiB) and UDS index; "
+                   "dm-dedup's its index (10 bytes per data block) and whatever the "
+                   "metadata cache held that drop_caches did not release.\n" % (
+                       res["memory"][0]["data_blocks"]))
+        rows = []
+        for m in res["memory"]:
+            idx = "-"
+            if m["stack"] == "dedup":
+                ib = next((p["extra"].get("index_bytes") for p in res.get("pool", [])
+                           if p["stack"] == "dedup"), None)
+                idx = "%.1f MiB" % (ib / 2**20) if ib else "-"
+            rows.append([STACK_LABEL[m["stack"]], "%.1f MiB" % (m["delta_kib"] / 1024),
+                         "%.2f" % m["bytes_per_data_block"],
+                         "%.2f" % m["bytes_per_stored_block"], idx])
+        doc.append(rst_table(["stack", "kernel memory", "B per data block",
+                              "B per stored block", "dm-dedup index"], rows))
+        doc.append("")
+
+    with open(os.path.join(a.out, "results.rst"), "w") as f:
+        f.write("\n".join(doc) + "\n")
+    out_json = os.path.join(a.out, "results.json")
+    if os.path.abspath(a.results) != os.path.abspath(out_json):
+        with open(out_json, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+    else:
+        shutil.copyfile(a.results, out_json + ".bak")
+        with open(out_json, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+    print("report: wrote %s" % os.path.join(a.out, "results.rst"))
+
+
+if __name__ == "__main__":
+    main()
