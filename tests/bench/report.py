@@ -77,9 +77,15 @@ def targets(res, groups):
     if "dedup" in pool and "vdo" in pool:
         add("VM-pool ingest time: dm-dedup / dm-vdo", pool["dedup"]["ingest_secs"],
             pool["vdo"]["ingest_secs"], 0.8, higher=False)
-    if "dedup" in pool and "vdo" in pool:
-        add("VM-pool stored blocks: dm-dedup / dm-vdo", pool["dedup"]["stored_blocks"],
-            pool["vdo"]["stored_blocks"], 1.0, higher=False)
+    est = res.get("pool_estimate")
+    if "dedup" in pool and est:
+        # The estimator counts the images' blocks; the stack also stores the
+        # file system's own metadata, a fraction of a percent here.
+        extra = pool["dedup"]["stored_blocks"] - est["stored_blocks"]
+        share = 100.0 * extra / est["stored_blocks"]
+        out.append(("VM-pool stored blocks: dm-dedup vs ``dedup estimate`` (4 KiB)",
+                    "%+d blocks (%+.2f %%)" % (extra, share), "within 0.5 %",
+                    "met" if abs(share) <= 0.5 else "MISSED"))
     add("sequential unique writes: dm-dedup / raw", med("seqwrite", "0%", "dedup"),
         med("seqwrite", "0%", "raw"), 0.6)
     add("sequential 100 %-duplicate writes: dm-dedup / raw", med("seqwrite", "100%", "dedup"),
@@ -120,6 +126,42 @@ def chart(path, title, unit, groups_for_workload):
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def pool_chart(path, res):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pool = {p["stack"]: p for p in res["pool"]}
+    mem = {m["stack"]: m for m in res.get("memory", [])}
+    stacks = [s for s in STACK_ORDER if s in pool]
+    labels = [STACK_LABEL[s] for s in stacks]
+    colors = ["C%d" % STACK_ORDER.index(s) for s in stacks]
+    fig, axs = plt.subplots(1, 3, figsize=(10, 3.4), dpi=100)
+    panels = [
+        ("ingest time (s)", [pool[s]["ingest_secs"] for s in stacks]),
+        ("stored (GiB)", [pool[s]["stored_blocks"] * 4096 / 2**30 for s in stacks]),
+        ("kernel memory per data block (B)",
+         [max(0.0, mem[s]["bytes_per_data_block"]) if s in mem else 0 for s in stacks]),
+    ]
+    for ax, (title, vals) in zip(axs, panels):
+        ax.bar(range(len(stacks)), vals, color=colors)
+        ax.set_xticks(range(len(stacks)))
+        ax.set_xticklabels(labels, rotation=20, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    est = res.get("pool_estimate")
+    if est:
+        axs[1].axhline(est["stored_blocks"] * 4096 / 2**30, color="k", linestyle="--",
+                       linewidth=1, label="dedup estimate")
+        axs[1].legend(fontsize=8)
+    fig.suptitle("VM image pool: %d images, %.1f GiB apparent" % (
+        len(est["images"]) if est else 0, (est or {}).get("apparent_bytes", 0) / 2**30),
+        fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -246,7 +288,8 @@ def main():
                          "%+d" % (p["stored_blocks"] - est["stored_blocks"]) if est else "-"])
         doc.append(rst_table(["stack", "ingest s", "time x raw", "time x dm-vdo",
                               "stored blocks", "savings", "vs estimate"], rows))
-        doc.append("")
+        pool_chart(os.path.join(a.out, "pool.png"), res)
+        doc.append("\n.. image:: benchmarks/pool.png\n")
 
     if res.get("memory"):
         doc.append("Kernel memory\n-------------\n")

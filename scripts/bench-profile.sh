@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Profile dm-dedup's write path in the guest: tests/bench/profile.sh on fresh
+# data and metadata disks like those of `make bench`.
+#
+# usage: scripts/bench-profile.sh [WORKLOAD...]   (default: seq0 seq100 rand50)
+# Output: the fio figures, the target's counters and perf's top symbols per
+# workload on stdout; perf data in tests/out/bench-profile/.
+# Environment: PROFILE_BYTES (256M), BENCH_CACHE, SKIP_BUILD=1.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+exec </dev/null
+CACHE=${BENCH_CACHE:-/var/cache/dm-dedup-bench}
+OUT=$REPO/tests/out/bench-profile
+[ $# -gt 0 ] || set -- seq0 seq100 rand50
+command -v perf >/dev/null || { echo "bench-profile: perf missing (apt-get install linux-perf)" >&2; exit 1; }
+
+KVER=$("$REPO/scripts/guest-run.sh" --print-kver)
+[ "${SKIP_BUILD:-0}" = 1 ] || make -s -C "$REPO" KDIR="/usr/src/linux-headers-$KVER" >/dev/null
+mkdir -p "$CACHE/disks" "$OUT"
+rm -f "$CACHE/disks/prof-data.img" "$CACHE/disks/prof-meta.img"
+truncate -s 12G "$CACHE/disks/prof-data.img"
+truncate -s 1G "$CACHE/disks/prof-meta.img"
+q() { printf '%q' "$1"; }
+CMD="export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") PROFILE_OUT=$(q "$OUT")
+export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}")
+bash $(q "$REPO/tests/bench/profile.sh") $*"
+rc=0
+GUEST_TIMEOUT=${GUEST_TIMEOUT:-3600} "$REPO/scripts/guest-run.sh" --memory 6G --rwdir "$OUT" \
+    --drive data="$CACHE/disks/prof-data.img" --drive meta="$CACHE/disks/prof-meta.img" \
+    -- "$CMD" || rc=$?
+rm -f "$CACHE/disks/prof-data.img" "$CACHE/disks/prof-meta.img"
+exit "$rc"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Where a dm-dedup write spends its CPU time: a kernel profile of one fio run.
+# Runs INSIDE the guest (scripts/bench-profile.sh boots it with the same
+# disks as the benchmark).  TCG has no PMU, so perf samples the cpu-clock
+# software event on both vCPUs.
+#
+# usage: profile.sh WORKLOAD...   (seq0: 1 MiB writes, unique data;
+#                                  seq100: 1 MiB writes, all duplicates;
+#                                  rand50: 4 KiB random writes, 50 % duplicates)
+# Environment: PROFILE_BYTES (256M), DEDUP_KO, PROFILE_OUT (directory).
+set -euo pipefail
+
+disk() { for b in /sys/block/*; do
+             [ "$(cat "$b/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/${b##*/}"; return; }
+         done; echo "no disk with serial $1" >&2; exit 1; }
+DATA=$(disk data) META=$(disk meta)
+BYTES=${PROFILE_BYTES:-256M}
+OUT=${PROFILE_OUT:-/tmp/profile}
+mkdir -p "$OUT"
+
+echo 0 >/proc/sys/kernel/kptr_restrict   # perf needs the kernel's symbol addresses
+for m in dm-mod dm-bufio libcrc32c; do modprobe "$m" 2>/dev/null || true; done
+[ -d /sys/module/dm_dedup ] || insmod "${DEDUP_KO:?}"
+
+for w in "$@"; do
+    case "$w" in
+        seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
+        seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
+        rand50) opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=50) ;;
+        *) echo "unknown workload $w" >&2; exit 2 ;;
+    esac
+    blkdiscard "$DATA"; blkdiscard "$META"
+    S=$(blockdev --getsz "$DATA")
+    dmsetup create prof-dedup --table "0 $((2 * S)) dedup $META $DATA"
+    echo "=== $w: fio ${opts[*]} --size=$BYTES under perf ==="
+    perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$w.data" -- \
+        fio --name=prof --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
+            --refill_buffers=1 --scramble_buffers=0 --randseed=7 --size="$BYTES" \
+            "${opts[@]}" --output-format=terse --terse-version=3 >"$OUT/$w.fio" 2>&1
+    awk -F';' '{printf "fio: write %.1f MB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$w.fio"
+    dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
+    dmsetup remove prof-dedup
+    echo "--- where the CPU time went (self time, top symbols) ---"
+    perf report -q -i "$OUT/$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
+        --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | head -n 40
+    echo "--- by module ---"
+    perf report -q -i "$OUT/$w.data" --kallsyms=/proc/kallsyms --no-children --sort dso --stdio -g none \
+        2>/dev/null | sed 's/[[:space:]]*$//' | head -n 12
+done
