@@ -18,6 +18,8 @@
 #                   names it.  cache=unsafe (guest flushes stop at the host
 #                   page cache), discard=unmap (discards punch holes)
 #   --print-kver    print the selected guest kernel version and exit
+#   --no-debug      boot without slub_debug, KFENCE sampling and panic_on_warn
+#                   (for benchmarks; tests always keep them)
 #
 # The exit status is read from a file that the guest writes into a host
 # directory shared read-write (vng --rwdir), so that a guest which panics or
@@ -38,7 +40,11 @@ CONSOLE_LOG=
 RWDIRS=()
 DRIVES=()
 PRINT_KVER=0
+# Kernel debugging that catches bugs early.  Benchmarks turn it off
+# (--no-debug): slub_debug stores a stack trace on every slab allocation and
+# free, which would tax a stack by how often it allocates.
 APPEND="panic_on_warn=1 slub_debug=FZPU kfence.sample_interval=100 hung_task_panic=1"
+APPEND_FAST="hung_task_panic=1"
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -49,6 +55,7 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL=$2; shift 2 ;;
         --console) CONSOLE_LOG=$2; shift 2 ;;
         --drive) DRIVES+=("$2"); shift 2 ;;
+        --no-debug) APPEND=$APPEND_FAST; shift ;;
         --print-kver) PRINT_KVER=1; shift ;;
         --) shift; break ;;
         -*) echo "guest-run: unknown option $1" >&2; exit 2 ;;
@@ -103,6 +110,7 @@ for d in "${DRIVES[@]}"; do
     [[ "$dname" =~ ^[A-Za-z0-9_-]+$ ]] && [ "$dname" != "$d" ] ||
         { echo "guest-run: --drive wants NAME=FILE, NAME of [A-Za-z0-9_-]: $d" >&2; exit 2; }
     [ -f "$dfile" ] || { echo "guest-run: --drive $dname: no file $dfile" >&2; exit 2; }
+    [[ "$dfile" != *[,[:space:]]* ]] || { echo "guest-run: --drive $dname: no commas or spaces in $dfile" >&2; exit 2; }
     QOPTS+=" -drive if=none,id=dd-$dname,file=$dfile,format=raw,cache=unsafe,discard=unmap,aio=threads"
     QOPTS+=" -device virtio-blk-pci,drive=dd-$dname,serial=$dname"
 done
