@@ -26,7 +26,7 @@ CMD="export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") PROFILE_OUT=$(q "$OUT")
 export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}")
 bash $(q "$REPO/tests/bench/profile.sh") $*"
 rc=0
-GUEST_TIMEOUT=${GUEST_TIMEOUT:-3600} "$REPO/scripts/guest-run.sh" --memory 6G --rwdir "$OUT" \
+GUEST_TIMEOUT=${GUEST_TIMEOUT:-3600} "$REPO/scripts/guest-run.sh" --no-debug --memory 6G --rwdir "$OUT" \
     --drive data="$CACHE/disks/prof-data.img" --drive meta="$CACHE/disks/prof-meta.img" \
     -- "$CMD" || rc=$?
 rm -f "$CACHE/disks/prof-data.img" "$CACHE/disks/prof-meta.img"

@@ -3,12 +3,12 @@
 # same disks and data, in one guest boot.  Not part of `make test`.
 #
 #   1. installs what it needs (scripts/install-deps.sh, plus vdo from
-#      bookworm-backports, debootstrap and python3-matplotlib);
+#      bookworm-backports, debootstrap, python3-matplotlib, linux-perf);
 #   2. builds the module and the release `dedup` tool;
 #   3. builds the VM image pool once (scripts/bench-images.sh, cached);
 #   4. boots the guest once with three disks (data 12 GiB, meta 1 GiB, the
-#      pool), 10 GiB of RAM (the pool fits
-#      in its page cache), and runs tests/bench/bench.py;
+#      pool) and 10 GiB of RAM (the pool fits in its page cache), and runs
+#      tests/bench/bench.py (about 40 minutes under TCG);
 #   5. writes the table, JSON and charts (tests/bench/report.py).
 #
 # Results: Documentation/benchmarks/ (results.json, results.rst, *.png), which
@@ -42,15 +42,25 @@ if [ "${SKIP_DEPS:-0}" != 1 ]; then
     "$REPO/scripts/install-deps.sh"
     export DEBIAN_FRONTEND=noninteractive
     need=()
-    command -v vdoformat >/dev/null || need+=(vdo)
     command -v debootstrap >/dev/null || need+=(debootstrap)
+    command -v perf >/dev/null || need+=(linux-perf)
     /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
-    if [ "${#need[@]}" != 0 ]; then
-        say "installing ${need[*]} (vdo from bookworm-backports)"
+    apt_get() {
+        apt-get -y -q -o APT::Install-Recommends=false install "$@" >>/tmp/bench-apt.log 2>&1 ||
+            { tail -n 30 /tmp/bench-apt.log >&2; die "apt-get install $* failed"; }
+    }
+    if [ "${#need[@]}" != 0 ] || ! command -v vdoformat >/dev/null; then
         apt-get -q update >/tmp/bench-apt.log 2>&1 || { cat /tmp/bench-apt.log >&2; die "apt-get update failed"; }
-        apt-get -y -q -o APT::Install-Recommends=false install -t bookworm-backports \
-            "${need[@]}" >>/tmp/bench-apt.log 2>&1 ||
-            { tail -n 30 /tmp/bench-apt.log >&2; die "apt-get install ${need[*]} failed"; }
+    fi
+    if [ "${#need[@]}" != 0 ]; then
+        say "installing ${need[*]}"
+        apt_get "${need[@]}"
+    fi
+    # The vdo tools exist only in bookworm-backports (install-deps.sh added
+    # that apt entry).
+    if ! command -v vdoformat >/dev/null; then
+        say "installing vdo from bookworm-backports"
+        apt_get -t bookworm-backports vdo
     fi
 fi
 for c in vdoformat vdostats debootstrap fio; do
@@ -91,12 +101,14 @@ export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/tar
 
 say "booting the guest (results in $SCRATCH)"
 start=$(date +%s)
-GUEST_TIMEOUT=${GUEST_TIMEOUT:-7200} "$REPO/scripts/guest-run.sh" --memory 10G \
+trap 'rm -f "$CACHE/disks/data.img" "$CACHE/disks/meta.img"' EXIT
+# --no-debug: the tests' slub_debug and KFENCE would tax each stack by how
+# often it allocates.
+GUEST_TIMEOUT=${GUEST_TIMEOUT:-7200} "$REPO/scripts/guest-run.sh" --no-debug --memory 10G \
     --rwdir "$SCRATCH" \
     --drive data="$CACHE/disks/data.img" --drive meta="$CACHE/disks/meta.img" \
     --drive pool="$CACHE/pool.img" -- "$CMD"
 say "guest finished after $(( $(date +%s) - start )) s"
-rm -f "$CACHE/disks/data.img" "$CACHE/disks/meta.img"
 
 /usr/bin/python3 "$REPO/tests/bench/report.py" "$SCRATCH/results.json" "$OUT" \
     --host-cpu "$host_cpu" --host-cores "$(nproc)" \

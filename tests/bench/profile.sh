@@ -37,7 +37,7 @@ for w in "$@"; do
         fio --name=prof --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
             --refill_buffers=1 --scramble_buffers=0 --randseed=7 --size="$BYTES" \
             "${opts[@]}" --output-format=terse --terse-version=3 >"$OUT/$w.fio" 2>&1
-    awk -F';' '{printf "fio: write %.1f MB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$w.fio"
+    awk -F';' '{printf "fio: write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$w.fio"
     dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
     dmsetup remove prof-dedup
     echo "--- where the CPU time went (self time, top symbols) ---"
