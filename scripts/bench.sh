@@ -8,7 +8,7 @@
 #   3. builds the VM image pool once (scripts/bench-images.sh, cached);
 #   4. boots the guest once with three disks (data 12 GiB, meta 1 GiB, the
 #      pool) and 10 GiB of RAM (the pool fits in its page cache), and runs
-#      tests/bench/bench.py (about 40 minutes under TCG);
+#      tests/bench/bench.py (25 to 40 minutes under TCG);
 #   5. writes the table, JSON and charts (tests/bench/report.py).
 #
 # Results: Documentation/benchmarks/ (results.json, results.rst, *.png), which
