@@ -85,7 +85,18 @@ def disk(serial):
 
 
 def sectors(dev):
-    return int(sh(["blockdev", "--getsz", dev]).stdout)
+    return ddlib.device_bytes(dev) // 512
+
+
+def key_values(text, sep=None):
+    """"key<sep>value" lines as a dict of stripped strings (sep None:
+    whitespace); lines without a separator are skipped."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(sep, 1)
+        if len(parts) == 2:
+            out[parts[0].strip()] = parts[1].strip()
+    return out
 
 
 def meminfo():
@@ -138,7 +149,7 @@ class Stack:
     def remove(self):
         for n in self.dm_names():
             if ddlib.dm_exists(n):
-                sh(["dmsetup", "remove", "--retry", n])
+                ddlib.dm_remove(n)
         self.dev = None
 
     def dm_names(self):
@@ -201,12 +212,7 @@ class Vdo(Stack):
         self.dev = "/dev/mapper/bench-vdo"
 
     def stats(self):
-        out = {}
-        for line in sh(["vdostats", "--verbose", self.dev]).stdout.splitlines():
-            if ":" in line:
-                k, _, v = line.partition(":")
-                out[k.strip()] = v.strip()
-        return out
+        return key_values(sh(["vdostats", "--verbose", self.dev]).stdout, ":")
 
     def physical_blocks(self):
         return int(self.stats()["data blocks used"])
@@ -231,12 +237,8 @@ class Dedup(Stack):
         self.dev = "/dev/mapper/bench-dedup"
 
     def stats(self):
-        out = {}
-        for line in sh(["dmsetup", "message", "bench-dedup", "0", "stats"]).stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                out[parts[0]] = int(parts[1]) if parts[1].lstrip("-").isdigit() else parts[1]
-        return out
+        kv = key_values(sh(["dmsetup", "message", "bench-dedup", "0", "stats"]).stdout)
+        return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in kv.items()}
 
     def physical_blocks(self):
         return self.stats()["data_blocks_live"]
@@ -255,13 +257,17 @@ class Dedup(Stack):
 STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup}
 
 
-def fresh(stack_cls, data, meta):
-    """Discard both disks (the host file gets holes) and create the stack."""
+def discard_disks(data, meta):
+    """Discard both disks: the host files get holes, every stack starts empty."""
     sh(["blkdiscard", data])
     sh(["blkdiscard", meta])
+
+
+def fresh(stack_cls, data, meta):
+    discard_disks(data, meta)
     s = stack_cls(data, meta)
     s.create()
-    sh(["udevadm", "settle"], check=False)
+    ddlib.udev_settle()
     return s
 
 
@@ -311,7 +317,7 @@ def estimate_region(dev, offset, length):
         p = sh([DEDUP_BIN, "estimate", "--json", "--block-sizes", "4096",
                 "/dev/mapper/" + name])
     finally:
-        sh(["dmsetup", "remove", "--retry", name])
+        ddlib.dm_remove(name)
     b = json.loads(p.stdout)["block_sizes"][0]
     total = b["total_blocks"]
     stored = b["stored_bytes"] // BLOCK
@@ -430,8 +436,7 @@ def w_pool(stacks, data, meta):
         mnt = "/tmp/bench-fs"
         os.makedirs(mnt, exist_ok=True)
         for cls in stacks:
-            sh(["blkdiscard", data])
-            sh(["blkdiscard", meta])
+            discard_disks(data, meta)
             k0 = kernel_memory()
             s = cls(data, meta)
             s.create()

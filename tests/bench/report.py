@@ -108,11 +108,16 @@ def targets(res, groups):
     return out
 
 
-def chart(path, title, unit, groups_for_workload):
+def pyplot():
+    """matplotlib without a display (imported late: only charts need it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def chart(path, title, unit, groups_for_workload):
+    plt = pyplot()
     params = list(groups_for_workload)
     stacks = [s for s in STACK_ORDER if any(s in groups_for_workload[p] for p in params)]
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
@@ -141,10 +146,7 @@ def chart(path, title, unit, groups_for_workload):
 
 
 def pool_chart(path, res):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     pool = {p["stack"]: p for p in res["pool"]}
     mem = {m["stack"]: m for m in res.get("memory", [])}
     stacks = [s for s in STACK_ORDER if s in pool]
