@@ -5,7 +5,7 @@
 #   make static       W=1 and sparse (C=1) builds, checkpatch --strict
 #   make kunit        KUnit suite under UML (scripts/kunit.sh)
 #   make test         every test (installs what it needs)
-#   make torture TRIALS=N   the long crash and corruption run (default 4, ~1.5 h)
+#   make torture TRIALS=N   the long crash and corruption run (default 4, ~2.5 h)
 #   make demo         the main demo in a guest
 #   make bench        raw, dm-thin, dm-vdo and dm-dedup side by side (~45 min)
 #   make install      install the module into /lib/modules/$(KVER)

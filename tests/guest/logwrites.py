@@ -113,7 +113,9 @@ class Replayer:
     path, or a list of (first byte, length, path) segments when the logged
     device is stored as several files (e.g. a metadata and a data slice).
     apply_to(k) replays up to and including entry k; calls must ask for
-    increasing k."""
+    increasing k.  `changes` counts the writes and discards applied so far;
+    `dirty` holds the index of every target segment written since the
+    caller last removed it."""
 
     def __init__(self, log, targets):
         self.log = log
@@ -124,6 +126,8 @@ class Replayer:
         self.segs = [(start, length, os.open(path, os.O_WRONLY))
                      for start, length, path in targets]
         self.written = 0
+        self.changes = 0
+        self.dirty = set()
 
     def close(self):
         self.src.close()
@@ -139,8 +143,9 @@ class Replayer:
     def _put(self, pos, buf):
         """Write buf at byte pos of the logged device, split over segments."""
         while buf:
-            for start, length, fd in self.segs:
+            for i, (start, length, fd) in enumerate(self.segs):
                 if start <= pos < start + length:
+                    self.dirty.add(i)
                     n = min(len(buf), start + length - pos)
                     os.pwrite(fd, buf[:n], pos - start)
                     pos += n
@@ -154,6 +159,8 @@ class Replayer:
             raise LogError("replay cannot go back from %d to %d" % (self.next - 1, k))
         ss = self.log.sectorsize
         for e in self.log.entries[self.next:k + 1]:
+            if e.flags & DISCARD or e.is_write:
+                self.changes += 1
             if e.flags & DISCARD:
                 # what a discarded range reads afterwards is undefined; zeros
                 # are what a thin or SSD device most often returns

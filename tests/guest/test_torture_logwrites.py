@@ -6,24 +6,27 @@ write the target makes to either, in the order the disk made them stable.
 The workload sends a log mark after every point where it is owed durability
 (an fsync returned, an O_DSYNC write completed).
 
-Afterwards, for each crash point (a prefix of the log ending at a FLUSH or
-FUA entry) the prefix is replayed onto a zeroed file and examined through a
-throw-away dm-snapshot (so recovery may write without disturbing the replay):
+Afterwards every crash point (a prefix of the log ending at a FLUSH or FUA
+entry) is replayed, in order, onto zeroed files and examined on a scratch
+copy (so recovery may write without disturbing the replay):
   * `dedup check` on the metadata slice is clean (or the device was never
     formatted: no superblock reached the disk yet);
-  * the target activates read-write, status mode rw;
+  * the target activates read-write, status mode rw (raw workload: also
+    read-only, straight on the replayed files);
   * raw workload: every block made durable before the last mark reads back
     exactly, every other block reads its durable content or one written after
-    that mark, never anything else; `mapped` equals the non-zero blocks;
+    that mark, never anything else; `mapped` equals the non-zero blocks; a
+    new write after recovery reads back;
   * filesystem workloads: the filesystem mounts (journal recovery), every file
     fsynced before the last mark has its exact content, other files hold only
     their own blocks or zeros, and fsck is clean after unmount.
-The raw workload checks every crash point.  The filesystem workloads check a
-spread sample: 8 points in the test command, 40 per trial with
-DD_TORTURE_TRIALS (make torture), which also lengthens the workloads and
-repeats the raw one with more seeds.
+A crash point with no write or discard since the previous one and the same
+last mark holds the same bytes under the same expectations: it is counted
+as a repeat and not examined again.  With DD_TORTURE_TRIALS=N (make torture)
+each workload runs N times with other seeds, and longer.
 """
 
+import errno
 import hashlib
 import os
 import random
@@ -37,6 +40,7 @@ from ddlib import BLOCK, MIB, ZERO, BlockDev, DedupDev, block_data, run
 META_MIB, DATA_MIB = 16, 48
 NB = 1024                       # raw workload: LBAs used (4 MiB)
 TRIALS = ddlib.TORTURE_TRIALS
+FS_FILES = 40 if TRIALS else 18  # files per filesystem workload
 
 
 class LogRig:
@@ -88,49 +92,72 @@ def slice_pair(dev, prefix):
 
 
 class CrashImage:
-    """The replay targets (metadata and data as two files, read-only loops
-    over them) and two ways to look at one crash state:
-      * read-only: the target opened with read_only straight on the loops:
-        cheap, used at every crash point;
-      * read-write: the target on dm-snapshots of the loops, so recovery
-        (and the filesystem's journal replay) may write without disturbing
-        the replay: used at a sample of points and wherever a filesystem is
-        mounted."""
+    """The replay targets (metadata and data as two files), read-only loops
+    over them, and two ways to look at one crash state:
+      * read-only: the target opened with read_only straight on those loops;
+      * read-write: the target on scratch copies of the replayed files, so
+        recovery (and a filesystem's journal replay) may write without
+        disturbing the replay.  Copying the sparse files is about twice as
+        fast under TCG as a pair of throw-away dm-snapshots.
+    It also tells which crash points are worth examining: flushes and marks
+    change nothing on disk, so a point with no write or discard since the
+    previous one holds the same bytes; when the durability owed (the last
+    mark) is also the same, the examination would repeat itself."""
 
     def __init__(self, backing, rig, log):
         self.backing = backing
         self.rig = rig
-        self.files, self.loops, self.cows = {}, {}, {}
+        self.files, self.loops, self.scratch, self.scratch_loops = {}, {}, {}, {}
         for k, mib in (("m", META_MIB), ("d", DATA_MIB)):
-            path = os.path.join(backing.tmpfs, "replay%s-%d.img" % (k, os.getpid()))
-            with open(path, "wb") as f:
-                f.truncate(mib * MIB)
-            backing.files.append(path)
-            self.files[k] = path
-            self.loops[k] = run(["losetup", "-r", "-f", "--show", path]).stdout.strip()
-            backing.loops.append(self.loops[k])
-            self.cows[k] = (backing.loop(mib * 4, "lwcow" + k), backing.files[-1], mib * 4)
+            for kind, files, loops, ro in (("replay", self.files, self.loops, True),
+                                           ("scratch", self.scratch, self.scratch_loops, False)):
+                path = os.path.join(backing.tmpfs, "%s%s-%d.img" % (kind, k, os.getpid()))
+                with open(path, "wb") as f:
+                    f.truncate(mib * MIB)
+                backing.files.append(path)
+                files[k] = path
+                loops[k] = run(["losetup"] + (["-r"] if ro else []) +
+                               ["-f", "--show", path]).stdout.strip()
+                backing.loops.append(loops[k])
         self.replayer = logwrites.Replayer(log, [
             (0, META_MIB * MIB, self.files["m"]),
             (META_MIB * MIB, DATA_MIB * MIB, self.files["d"])])
-        self.checked = 0
+        self.checked = 0            # `dedup check` runs
         self.ro_points = 0
         self.rw_points = 0
+        self.states = 0             # crash points examined
+        self.repeats = 0            # crash points identical to the previous one
+        self._last_state = None
+        self._formatted = None      # verdict of the last `dedup check`
 
     def close(self):
         self.replayer.close()
 
-    def replay(self, upto):
-        """Replay through entry `upto` and check the metadata offline.
-        Returns False when no superblock reached the disk yet."""
-        self.replayer.apply_to(upto)
-        p = run([ddlib.DEDUP_BIN, "check", self.files["m"]], check=False)
-        unformatted = p.returncode == 8 and "not formatted" in p.stderr
-        assert p.returncode == 0 or unformatted, \
-            "crash point %d: dedup check exit %d:\n%s%s" % (upto, p.returncode, p.stdout, p.stderr)
-        if not unformatted:
-            self.checked += 1
-        return not unformatted
+    def new_state(self, k, m):
+        """Replay through entry k.  False when the disk and the last mark
+        (m) are the same as at the previous crash point examined."""
+        self.replayer.apply_to(k)
+        state = (self.replayer.changes, m)
+        if state == self._last_state:
+            self.repeats += 1
+            return False
+        self._last_state = state
+        self.states += 1
+        return True
+
+    def check(self, upto):
+        """`dedup check` on the replayed metadata, unless no replayed write
+        touched it since the last check.  Returns False when no superblock
+        reached the disk yet."""
+        if self._formatted is None or 0 in self.replayer.dirty:
+            self.replayer.dirty.discard(0)
+            p = run([ddlib.DEDUP_BIN, "check", self.files["m"]], check=False)
+            unformatted = p.returncode == 8 and "not formatted" in p.stderr
+            assert p.returncode == 0 or unformatted, \
+                "crash point %d: dedup check exit %d:\n%s%s" % (upto, p.returncode, p.stdout, p.stderr)
+            self._formatted = not unformatted
+            self.checked += self._formatted
+        return self._formatted
 
     def open_ro(self, upto):
         dev = DedupDev("ddtlwy", self.loops["m"], self.loops["d"], self.rig.logical,
@@ -142,41 +169,50 @@ class CrashImage:
         return dev
 
     def open_rw(self, upto):
-        devs = {}
         for k in "md":
-            size = self.rig.sectors(META_MIB if k == "m" else DATA_MIB)
-            name = "ddtlwc" + k
-            run(["dmsetup", "create", name, "--table", "0 %d snapshot %s %s N 8" % (
-                size, self.loops[k], self.cows[k][0])])
-            devs[k] = "/dev/mapper/" + name
-        ddlib.udev_settle()
-        dev = DedupDev("ddtlwy", devs["m"], devs["d"], self.rig.logical, self.rig.opts)
+            copy_sparse(self.files[k], self.scratch[k])
+        dev = DedupDev("ddtlwy", self.scratch_loops["m"], self.scratch_loops["d"],
+                       self.rig.logical, self.rig.opts)
         dev.activate()
         st = dev.status()
         assert st["mode"] == "rw", "crash point %d: %s" % (upto, st)
         self.rw_points += 1
         return dev
 
-    def close_point(self, dev):
+    @staticmethod
+    def close_point(dev):
         dev.remove()
-        for k in "md":
-            if ddlib.dm_exists("ddtlwc" + k):
-                ddlib.dm_remove("ddtlwc" + k)
-                # keep the tmpfs file from growing with every crash point
-                _, path, mib = self.cows[k]
-                with open(path, "r+b") as f:
-                    f.truncate(0)
-                    f.truncate(mib * MIB)
+
+    def summary(self, points):
+        return "%d crash points, %d distinct (the other %d repeat the disk and " \
+            "the durability owed of the point before), all examined" % (
+                len(points), self.states, self.repeats)
 
 
-def pick_points(points, limit, must=()):
-    """All points if limit is None, else `limit` spread evenly, plus `must`."""
-    if limit is None or len(points) <= limit:
-        return list(points)
-    step = len(points) / limit
-    chosen = {points[int(i * step)] for i in range(limit)} | {points[-1]}
-    chosen |= {p for p in must if p in points}
-    return sorted(chosen)
+def copy_sparse(src, dst):
+    """Make dst (same size, under a loop device) a copy of src, copying
+    only src's data extents.  The loop device reads the file through the
+    page cache on every request, so the target sees the new bytes."""
+    with open(src, "rb") as s, open(dst, "r+b") as d:
+        si, di = s.fileno(), d.fileno()
+        size = os.fstat(si).st_size
+        os.ftruncate(di, 0)
+        os.ftruncate(di, size)
+        off = 0
+        while off < size:
+            try:
+                start = os.lseek(si, off, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:       # only a hole is left
+                    break
+                raise
+            end = os.lseek(si, start, os.SEEK_HOLE)
+            pos = start
+            while pos < end:
+                n = os.copy_file_range(si, di, end - pos, pos, pos)
+                assert n > 0, "copy_file_range %s -> %s stopped at %d" % (src, dst, pos)
+                pos += n
+            off = end
 
 
 def our_marks(log):
@@ -335,19 +371,15 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial):
     assert len(points) >= 10, "too few crash points: %d" % len(points)
     img = CrashImage(backing, rig, log)
     contents = Contents(seed)
-    rw_every = 1 if TRIALS else 8
     try:
-        for n, k in enumerate(points):
+        for k in points:
             m = last_mark_before(log, k)
-            formatted = img.replay(k)
+            if not img.new_state(k, m):
+                continue
+            formatted = img.check(k)
             if not formatted:
                 assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
-            views = []
-            if formatted:
-                views.append(img.open_ro)
-            if not formatted or n % rw_every == 0 or k == points[-1]:
-                views.append(img.open_rw)
-            for view in views:
+            for view in ([img.open_ro] if formatted else []) + [img.open_rw]:
                 dev = view(k)
                 verify_raw(dev, model, m, contents, k)
                 if view == img.open_rw:
@@ -361,9 +393,9 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial):
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked
-    ddlib.report("log-writes raw: %d entries, %d crash points, all checked "
-                 "(%d read-only, %d read-write activations), 0 failures" % (
-                     len(log.entries), len(points), img.ro_points, img.rw_points))
+    ddlib.report("log-writes raw: %d entries, %s (%d read-only, %d read-write "
+                 "activations), 0 failures" % (
+                     len(log.entries), img.summary(points), img.ro_points, img.rw_points))
 
 
 # ---------------------------------------------------------------------------
@@ -456,28 +488,31 @@ def verify_fs(dev, fstype, files, m, point):
 
 
 @pytest.mark.parametrize("fstype", ["ext4", "xfs"])
-def test_logwrites_filesystem(backing, seed, fstype):
+@pytest.mark.parametrize("trial", range(max(1, TRIALS)))
+def test_logwrites_filesystem(backing, seed, trial, fstype):
+    seed += trial * 7919
     logical = 320 if fstype == "xfs" else 128           # mkfs.xfs wants >= 300 MiB
     rig = LogRig(backing, logical)
-    files, first, end = fs_workload(rig, fstype, seed, nfiles=18 if not TRIALS else 60)
+    files, first, end = fs_workload(rig, fstype, seed, nfiles=FS_FILES)
     log = rig.finish()
     points = log.crash_points()
     marks = {n: idx for idx, n in our_marks(log)}
     assert first in marks and end in marks, "marks missing from the log"
-    fs_points = [k for k in points if k > marks[first]]
-    early = [k for k in points if k < marks[first]]
-    chosen = pick_points(fs_points, 40 * TRIALS or 8) + pick_points(early, 4 * TRIALS or 2)
+    assert len(points) >= 3 * FS_FILES, "too few crash points: %d" % len(points)
     img = CrashImage(backing, rig, log)
     try:
-        for k in sorted(chosen):
-            img.replay(k)
-            dev = img.open_rw(k)
+        for k in points:
             m = last_mark_before(log, k)
+            if not img.new_state(k, m):
+                continue
+            if not img.check(k):
+                assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
+            dev = img.open_rw(k)
             if m is not None and m >= first:
                 verify_fs(dev, fstype, files, m, k)
             img.close_point(dev)
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked
-    ddlib.report("log-writes %s: %d entries, %d crash points, %d checked, 0 failures" % (
-        fstype, len(log.entries), len(points), len(chosen)))
+    ddlib.report("log-writes %s: %d entries, %s, 0 failures" % (
+        fstype, len(log.entries), img.summary(points)))
