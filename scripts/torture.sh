@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The long crash and corruption run (issue: "Prove it"), outside the test
 # command.  One guest boot runs the torture tests with TRIALS trials each:
-#   - log replay (test_torture_logwrites), every crash point: TRIALS raw,
-#     TRIALS ext4 and TRIALS XFS workloads (40 files each);
+#   - log replay (test_torture_logwrites), every crash point: TRIALS raw
+#     workloads, TRIALS ext4 and TRIALS XFS workloads with 40 files;
 #   - random power cuts (test_torture_power): TRIALS cuts (at least 5);
 #   - metadata corruption (test_torture_corrupt): 8 x TRIALS damaged copies
 #     (at least 24);

@@ -25,7 +25,7 @@ DEDUP_BIN = os.environ.get("DEDUP_BIN") or os.path.join(REPO, "tools", "target",
 TMPFS = os.environ.get("DEDUP_TMPFS", "/tmp/dd-tmpfs")
 NAME_PREFIX = "ddt"            # every dm device the suite creates starts with this
 # 0: the bounded runs of the test command; N > 0 (make torture TRIALS=N):
-# N trials per torture test, and every crash point instead of a sample
+# N trials per torture test, with longer workloads
 TORTURE_TRIALS = int(os.environ.get("DD_TORTURE_TRIALS", "0") or 0)
 REPORT = []                    # lines for the end of the run (trial counts)
 

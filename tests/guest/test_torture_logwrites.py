@@ -10,9 +10,10 @@ Afterwards every crash point (a prefix of the log ending at a FLUSH or FUA
 entry) is replayed, in order, onto zeroed files and examined on a scratch
 copy (so recovery may write without disturbing the replay):
   * `dedup check` on the metadata slice is clean (or the device was never
-    formatted: no superblock reached the disk yet);
-  * the target activates read-write, status mode rw (raw workload: also
-    read-only, straight on the replayed files);
+    formatted: no superblock reached the disk yet); it runs again only once
+    a replayed write has touched the metadata slice;
+  * the target activates read-write, status mode rw (raw workload, once
+    formatted: also read-only, straight on the replayed files);
   * raw workload: every block made durable before the last mark reads back
     exactly, every other block reads its durable content or one written after
     that mark, never anything else; `mapped` equals the non-zero blocks; a
@@ -122,7 +123,7 @@ class CrashImage:
         self.replayer = logwrites.Replayer(log, [
             (0, META_MIB * MIB, self.files["m"]),
             (META_MIB * MIB, DATA_MIB * MIB, self.files["d"])])
-        self.checked = 0            # `dedup check` runs
+        self.checked = 0            # metadata states `dedup check` found clean
         self.ro_points = 0
         self.rw_points = 0
         self.states = 0             # crash points examined
@@ -184,9 +185,9 @@ class CrashImage:
         dev.remove()
 
     def summary(self, points):
-        return "%d crash points, %d distinct (the other %d repeat the disk and " \
-            "the durability owed of the point before), all examined" % (
-                len(points), self.states, self.repeats)
+        return "%d crash points: %d distinct and examined, %d repeats of the " \
+            "point before (same bytes, same last mark) skipped; %d metadata " \
+            "states checked clean" % (len(points), self.states, self.repeats, self.checked)
 
 
 def copy_sparse(src, dst):
