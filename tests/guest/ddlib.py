@@ -372,15 +372,17 @@ class Backing:
         self._n = 0
         self.checked = 0
 
-    def loop(self, size_mib, name=None):
-        """A zero-filled (sparse) loop device of size_mib MiB; returns its path."""
+    def loop(self, size_mib, name=None, read_only=False):
+        """A zero-filled (sparse) loop device of size_mib MiB; returns its
+        path.  Its file is self.files[-1] until the next loop()."""
         self._n += 1
         name = name or "b%d" % self._n
         path = os.path.join(self.tmpfs, "%s-%d.img" % (name, os.getpid()))
         with open(path, "wb") as f:
             f.truncate(int(size_mib * MIB))
         self.files.append(path)
-        dev = run(["losetup", "-f", "--show", path]).stdout.strip()
+        dev = run(["losetup"] + (["-r"] if read_only else []) +
+                  ["-f", "--show", path]).stdout.strip()
         self.loops.append(dev)
         udev_settle()
         return dev

@@ -110,16 +110,10 @@ class CrashImage:
         self.rig = rig
         self.files, self.loops, self.scratch, self.scratch_loops = {}, {}, {}, {}
         for k, mib in (("m", META_MIB), ("d", DATA_MIB)):
-            for kind, files, loops, ro in (("replay", self.files, self.loops, True),
-                                           ("scratch", self.scratch, self.scratch_loops, False)):
-                path = os.path.join(backing.tmpfs, "%s%s-%d.img" % (kind, k, os.getpid()))
-                with open(path, "wb") as f:
-                    f.truncate(mib * MIB)
-                backing.files.append(path)
-                files[k] = path
-                loops[k] = run(["losetup"] + (["-r"] if ro else []) +
-                               ["-f", "--show", path]).stdout.strip()
-                backing.loops.append(loops[k])
+            self.loops[k] = backing.loop(mib, "replay" + k, read_only=True)
+            self.files[k] = backing.files[-1]
+            self.scratch_loops[k] = backing.loop(mib, "scratch" + k)
+            self.scratch[k] = backing.files[-1]
         self.replayer = logwrites.Replayer(log, [
             (0, META_MIB * MIB, self.files["m"]),
             (META_MIB * MIB, DATA_MIB * MIB, self.files["d"])])
@@ -134,17 +128,26 @@ class CrashImage:
     def close(self):
         self.replayer.close()
 
-    def new_state(self, k, m):
-        """Replay through entry k.  False when the disk and the last mark
-        (m) are the same as at the previous crash point examined."""
-        self.replayer.apply_to(k)
-        state = (self.replayer.changes, m)
-        if state == self._last_state:
-            self.repeats += 1
-            return False
-        self._last_state = state
-        self.states += 1
-        return True
+    def distinct_points(self, points):
+        """Replay through each crash point in turn.  Yields (k, m,
+        formatted) for each point whose disk or last mark m differs from
+        the point before, once its metadata checked clean (formatted is
+        False while no superblock reached the disk, allowed only before the
+        first mark)."""
+        log = self.replayer.log
+        for k in points:
+            m = last_mark_before(log, k)
+            self.replayer.apply_to(k)
+            state = (self.replayer.changes, m)
+            if state == self._last_state:
+                self.repeats += 1
+                continue
+            self._last_state = state
+            self.states += 1
+            formatted = self.check(k)
+            if not formatted:
+                assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
+            yield k, m, formatted
 
     def check(self, upto):
         """`dedup check` on the replayed metadata, unless no replayed write
@@ -179,10 +182,6 @@ class CrashImage:
         assert st["mode"] == "rw", "crash point %d: %s" % (upto, st)
         self.rw_points += 1
         return dev
-
-    @staticmethod
-    def close_point(dev):
-        dev.remove()
 
     def summary(self, points):
         return "%d crash points: %d distinct and examined, %d repeats of the " \
@@ -373,13 +372,7 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial):
     img = CrashImage(backing, rig, log)
     contents = Contents(seed)
     try:
-        for k in points:
-            m = last_mark_before(log, k)
-            if not img.new_state(k, m):
-                continue
-            formatted = img.check(k)
-            if not formatted:
-                assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
+        for k, m, formatted in img.distinct_points(points):
             for view in ([img.open_ro] if formatted else []) + [img.open_rw]:
                 dev = view(k)
                 verify_raw(dev, model, m, contents, k)
@@ -390,7 +383,7 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial):
                         bd.write(NB + 1, new)
                         bd.fsync()
                         assert bd.read(NB + 1) == new
-                img.close_point(dev)
+                dev.remove()
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked
@@ -502,16 +495,11 @@ def test_logwrites_filesystem(backing, seed, trial, fstype):
     assert len(points) >= 3 * FS_FILES, "too few crash points: %d" % len(points)
     img = CrashImage(backing, rig, log)
     try:
-        for k in points:
-            m = last_mark_before(log, k)
-            if not img.new_state(k, m):
-                continue
-            if not img.check(k):
-                assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
+        for k, m, _ in img.distinct_points(points):
             dev = img.open_rw(k)
             if m is not None and m >= first:
                 verify_fs(dev, fstype, files, m, k)
-            img.close_point(dev)
+            dev.remove()
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked
