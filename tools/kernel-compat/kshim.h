@@ -37,6 +37,9 @@ typedef unsigned long long __le64;
 #define SECTOR_SHIFT 9
 #define BIT(n) (1UL << (n))
 #define U32_MAX UINT32_MAX
+#define U64_MAX UINT64_MAX
+#define check_add_overflow(a, b, d) __builtin_add_overflow(a, b, d)
+#define DMWARN_LIMIT DMERR
 
 #define cpu_to_le16(x) ((__le16)(x))
 #define cpu_to_le32(x) ((__le32)(x))

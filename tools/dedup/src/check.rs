@@ -3,15 +3,19 @@
 //! The superblock slots are classified and chosen exactly as dd_md_open()
 //! does, the superblock is held to what dd_check_sb() requires, then the
 //! three arrays are walked once (every metadata block is read at most once)
-//! and every invariant the kernel relies on is verified. Problems are
-//! collected with their location; nothing is ever written.
+//! and every invariant the kernel relies on is verified. With a data
+//! device, the fingerprint record of every live block is compared with the
+//! digest of its content. Problems are collected with their location;
+//! nothing is ever written.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
 use crate::device::BlockDev;
+use crate::fingerprint::{self, Hasher};
 use crate::ondisk::*;
+use crate::util::hex;
 
 /// Above this many data blocks the per-PBA tables are hash maps instead of
 /// flat arrays (a flat table costs 4 bytes per data block, zero-filled
@@ -22,6 +26,10 @@ const DENSE_LIMIT: u64 = 1 << 28;
 /// (probability 2^-128): an all-zero record of a live block is a lost
 /// record. Shorter digests can be zero, and the kernel accepts them.
 pub const STRONG_FP_SIZE: usize = 16;
+
+/// Live blocks whose records wait for their data to be read: enough runs
+/// to keep every core hashing, while memory stays bounded on any device.
+const VERIFY_BATCH: usize = 1 << 16;
 
 #[derive(Clone, Debug, Default)]
 pub struct CheckOptions {
@@ -185,6 +193,15 @@ pub struct Summary {
     pub placeholder_fingerprints: u64,
     /// mapped / live (1.0 when nothing is live).
     pub dedup_ratio: f64,
+    /// With a data device: live blocks whose content matches their record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_blocks_verified: Option<u64>,
+    /// With a data device: live blocks whose content does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint_mismatches: Option<u64>,
+    /// With a data device: live blocks whose content could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_read_errors: Option<u64>,
 }
 
 /// Full result of a check.
@@ -436,6 +453,10 @@ struct Walker<'a> {
     /// Fingerprints of live blocks, for dump.
     fps: Vec<(u64, [u8; FP_SIZE])>,
     first_placeholder: u64,
+    /// The data device and the superblock's hash, to verify records.
+    data: Option<(&'a (dyn BlockDev + Sync), Hasher)>,
+    /// (pba, fingerprint leaf, record) of live blocks not yet verified.
+    unverified: Vec<(u64, u64, [u8; FP_SIZE])>,
 }
 
 impl Walker<'_> {
@@ -727,11 +748,16 @@ impl Walker<'_> {
             );
         }
         self.summary.fingerprinted_blocks += 1;
-        if crate::fingerprint::is_placeholder(pba, fp, self.fp_size) {
+        if fingerprint::is_placeholder(pba, fp, self.fp_size) {
             if self.summary.placeholder_fingerprints == 0 {
                 self.first_placeholder = pba;
             }
             self.summary.placeholder_fingerprints += 1;
+        } else if self.data.is_some() {
+            self.unverified.push((pba, b, *fp));
+            if self.unverified.len() >= VERIFY_BATCH {
+                self.verify_data();
+            }
         }
         if !is_zero(&fp[self.fp_size..]) {
             self.warn(
@@ -748,8 +774,60 @@ impl Walker<'_> {
         }
     }
 
+    /// Compare the records waiting in `unverified` with the digests of
+    /// their data blocks.
+    fn verify_data(&mut self) {
+        let Some((data, hasher)) = self.data else {
+            return;
+        };
+        let mut batch = std::mem::take(&mut self.unverified);
+        // Sorted, consecutive live blocks are read in one request. (The
+        // walk already visits leaves in index order.)
+        batch.sort_unstable_by_key(|u| u.0);
+        let pbas: Vec<u64> = batch.iter().map(|u| u.0).collect();
+        let digests = fingerprint::digest_blocks(data, hasher, &pbas);
+        let n = self.fp_size;
+        for ((pba, b, rec), digest) in batch.into_iter().zip(digests) {
+            let at = At {
+                block: Some(b),
+                ..At::entry(ArrayId::Fingerprint, pba)
+            };
+            let s = &mut self.summary;
+            match digest {
+                Ok((d, _)) if d[..n] == rec[..n] => *s.data_blocks_verified.get_or_insert(0) += 1,
+                Ok((d, zero)) => {
+                    *s.fingerprint_mismatches.get_or_insert(0) += 1;
+                    self.error(
+                        "fingerprint_mismatch",
+                        at,
+                        format!(
+                            "the record ({}) differs from the {} of the data block ({}{}): the data \
+                             or the record is damaged, and a later write of the content the record \
+                             names would be mapped onto this block and read back other bytes; \
+                             `dedup repair --force --data DEV` replaces the record and names the \
+                             logical blocks that read this one",
+                            short_hex(&rec[..n]),
+                            self.sb.hash(),
+                            short_hex(&d[..n]),
+                            if zero { ", all zeros" } else { "" }
+                        ),
+                    );
+                }
+                Err(e) => {
+                    *s.data_read_errors.get_or_insert(0) += 1;
+                    self.error(
+                        "data_read_error",
+                        at,
+                        format!("the data block {e}; its record is not verified"),
+                    );
+                }
+            }
+        }
+    }
+
     /// After the walks: what the per-block passes could not see.
     fn finish(&mut self) {
+        self.verify_data();
         let map_damaged = !self.damaged[ArrayId::Map as usize - 1].is_empty();
         if map_damaged {
             let n = self.damaged[ArrayId::Map as usize - 1].entries();
@@ -1046,8 +1124,28 @@ fn has_tree_blocks(dev: &dyn BlockDev) -> bool {
         && ArrayId::from_u8(h.array).is_some()
 }
 
+/// A fingerprint in messages: its first 8 bytes.
+fn short_hex(fp: &[u8]) -> String {
+    if fp.len() > 8 {
+        format!("{}...", hex(&fp[..8]))
+    } else {
+        hex(fp)
+    }
+}
+
 /// Check the metadata on `dev`.
 pub fn check(dev: &dyn BlockDev, opts: &CheckOptions) -> Result<(Report, Option<Contents>), Fatal> {
+    check_with_data(dev, None, opts)
+}
+
+/// Check the metadata on `dev` and, if `data` is given, verify every live
+/// block's fingerprint record against its content on `data`. A data device
+/// of another size or a hash this tool cannot compute is fatal.
+pub fn check_with_data(
+    dev: &dyn BlockDev,
+    data: Option<&(dyn BlockDev + Sync)>,
+    opts: &CheckOptions,
+) -> Result<(Report, Option<Contents>), Fatal> {
     let dev_blocks = dev.nr_blocks();
     if dev_blocks < SB_SLOTS {
         return Err(Fatal(format!(
@@ -1130,6 +1228,10 @@ pub fn check(dev: &dyn BlockDev, opts: &CheckOptions) -> Result<(Report, Option<
             sb.metadata_blocks
         )));
     }
+    let data = match data {
+        Some(d) => Some((d, fingerprint::data_hasher(sb, d)?)),
+        None => None,
+    };
     // A device the kernel accepts has data_blocks < 64 * metadata_blocks
     // (the fingerprint tree alone needs 2 blocks per 127 data blocks);
     // anything else is damaged and must not make us allocate huge tables.
@@ -1145,11 +1247,18 @@ pub fn check(dev: &dyn BlockDev, opts: &CheckOptions) -> Result<(Report, Option<
         counts: Counts::new(sb.data_blocks, dense_limit),
         live: Live::new(sb.data_blocks, dense_limit),
         damaged: Default::default(),
-        summary: Summary::default(),
+        summary: Summary {
+            data_blocks_verified: data.map(|_| 0),
+            fingerprint_mismatches: data.map(|_| 0),
+            data_read_errors: data.map(|_| 0),
+            ..Summary::default()
+        },
         fp_size: (sb.fp_size as usize).min(FP_SIZE),
         contents: opts.collect.then(Contents::default),
         fps: Vec::new(),
         first_placeholder: 0,
+        data,
+        unverified: Vec::new(),
     };
     for (i, st) in states.iter().enumerate() {
         if i == best {
@@ -1246,6 +1355,18 @@ pub fn render(report: &Report, device: &str) -> String {
             "mapped logical blocks: {}, live physical blocks: {}, refcounts sum to {}, dedup ratio {:.2}",
             s.mapped_blocks, s.live_blocks, s.refcount_sum, s.dedup_ratio
         );
+        if let (Some(v), Some(m), Some(e)) = (
+            s.data_blocks_verified,
+            s.fingerprint_mismatches,
+            s.data_read_errors,
+        ) {
+            let _ = writeln!(
+                o,
+                "data blocks verified: {v} of {} live blocks match their fingerprint records \
+                 (mismatched: {m}, unreadable: {e}, placeholders skipped: {})",
+                s.live_blocks, s.placeholder_fingerprints
+            );
+        }
     }
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     let _ = if report.errors == 0 {

@@ -677,3 +677,194 @@ fn zero_fingerprint_of_a_short_digest_is_a_warning() {
     let (d, _) = build(&spec);
     assert!(run(&d).has("missing_fingerprint"));
 }
+
+/// Content of data block `pba` of the test data devices.
+fn data_content(pba: u64) -> Vec<u8> {
+    (0..BLOCK_SIZE as u64)
+        .map(|i| (pba * 131 + i / 3) as u8)
+        .collect()
+}
+
+/// A metadata image and a data device, as files, removed when dropped.
+struct DataPair {
+    meta: std::path::PathBuf,
+    data: std::path::PathBuf,
+}
+
+impl DataPair {
+    /// The sample mappings over DATA data blocks, with records of `hash`
+    /// computed from data_content, after `edit` changed the spec.
+    fn new(name: &str, hash: &str, edit: impl FnOnce(&mut ImageSpec)) -> DataPair {
+        let h = crate::fingerprint::Hasher::from_name(hash).unwrap();
+        let blocks = required_blocks(LOGICAL, DATA) + 8;
+        let mut sb = sb_for(LOGICAL, DATA, blocks, 5);
+        sb.hash_name = [0; HASH_NAME_LEN];
+        sb.hash_name[..hash.len()].copy_from_slice(hash.as_bytes());
+        sb.fp_size = h.fp_size() as u32;
+        let mut spec =
+            ImageSpec::consistent(sb, &sample_mappings(), |p| h.record(&data_content(p)));
+        edit(&mut spec);
+        let (m, _) = build(&spec);
+        let dir = std::env::temp_dir();
+        let tag = format!("dedup-check-data-{}-{name}", std::process::id());
+        let pair = DataPair {
+            meta: dir.join(format!("{tag}.meta")),
+            data: dir.join(format!("{tag}.data")),
+        };
+        std::fs::write(&pair.meta, &m.bytes).unwrap();
+        let bytes: Vec<u8> = (0..DATA).flat_map(data_content).collect();
+        std::fs::write(&pair.data, bytes).unwrap();
+        pair
+    }
+
+    fn check(&self) -> Result<Report, Fatal> {
+        use crate::device::FileDev;
+        let meta = FileDev::open(&self.meta, false).unwrap();
+        let data = FileDev::open(&self.data, false).unwrap();
+        check_with_data(&meta, Some(&data), &CheckOptions::default()).map(|r| r.0)
+    }
+}
+
+impl Drop for DataPair {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.meta);
+        let _ = std::fs::remove_file(&self.data);
+    }
+}
+
+#[test]
+fn data_matching_its_fingerprints_is_clean() {
+    for hash in ["sha256", "crc32c", "xxhash64"] {
+        let pair = DataPair::new(&format!("clean-{hash}"), hash, |_| {});
+        let r = pair.check().unwrap();
+        assert!(r.problems.is_empty(), "{hash}: {:#?}", r.problems);
+        let s = r.summary.as_ref().unwrap();
+        assert_eq!(s.data_blocks_verified, Some(250), "{hash}");
+        assert_eq!(s.fingerprint_mismatches, Some(0));
+        assert_eq!(s.data_read_errors, Some(0));
+        assert!(render(&r, "m").contains("data blocks verified: 250 of 250 live blocks"));
+    }
+    // Without a data device, nothing is verified and nothing is said.
+    let (d, _) = sample();
+    let r = run(&d);
+    let s = r.summary.as_ref().unwrap();
+    assert_eq!(s.data_blocks_verified, None);
+    let j = serde_json::to_value(&r).unwrap();
+    assert!(j["summary"].get("data_blocks_verified").is_none());
+    assert!(!render(&r, "m").contains("data blocks verified"));
+}
+
+#[test]
+fn fingerprint_mismatch_and_placeholder() {
+    let pair = DataPair::new("mismatch", "sha256", |spec| {
+        spec.fingerprints[7].1[31] ^= 1; // PBA 7: the last stored byte
+        spec.fingerprints[200].1 = crate::fingerprint::placeholder(200, 32);
+    });
+    let r = pair.check().unwrap();
+    let p = find(&r, "fingerprint_mismatch");
+    assert_eq!(p.severity, Severity::Error);
+    assert_eq!((p.array, p.index), (Some("fingerprint"), Some(7)));
+    assert!(p.block.is_some());
+    assert!(p
+        .message
+        .contains("differs from the sha256 of the data block"));
+    // The placeholder is the known warning, not a mismatch.
+    assert_eq!(find(&r, "placeholder_fingerprint").index, Some(200));
+    assert_eq!((r.errors, r.warnings), (1, 1), "{:#?}", r.problems);
+    let s = r.summary.as_ref().unwrap();
+    assert_eq!(s.data_blocks_verified, Some(248));
+    assert_eq!(s.fingerprint_mismatches, Some(1));
+    assert_eq!(s.placeholder_fingerprints, 1);
+    let j = serde_json::to_value(&r).unwrap();
+    assert_eq!(j["summary"]["fingerprint_mismatches"], 1);
+    assert_eq!(j["summary"]["data_blocks_verified"], 248);
+    assert!(render(&r, "m").contains("(mismatched: 1, unreadable: 0, placeholders skipped: 1)"));
+
+    // Changed data: a mismatch at that block; an all-zero one says so.
+    let pair = DataPair::new("changed-data", "sha256", |_| {});
+    let mut bytes = std::fs::read(&pair.data).unwrap();
+    bytes[42 * BLOCK_SIZE + 100] ^= 0x80;
+    bytes[43 * BLOCK_SIZE..44 * BLOCK_SIZE].fill(0);
+    std::fs::write(&pair.data, bytes).unwrap();
+    let r = pair.check().unwrap();
+    let bad: Vec<_> = r
+        .problems
+        .iter()
+        .filter(|p| p.code == "fingerprint_mismatch")
+        .collect();
+    assert_eq!(bad.len(), 2, "{:#?}", r.problems);
+    assert_eq!((bad[0].index, bad[1].index), (Some(42), Some(43)));
+    assert!(
+        bad[1].message.contains(", all zeros)"),
+        "{}",
+        bad[1].message
+    );
+}
+
+#[test]
+fn data_device_of_the_wrong_size_is_fatal() {
+    let pair = DataPair::new("short", "sha256", |_| {});
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pair.data)
+        .unwrap();
+    f.set_len((DATA - 1) * BLOCK_SIZE as u64).unwrap();
+    let e = pair.check().unwrap_err();
+    assert!(
+        e.0.contains("299 blocks of 4 KiB but the metadata describes 300"),
+        "{e}"
+    );
+    // A trailing partial block is ignored, as the kernel does.
+    f.set_len(DATA * BLOCK_SIZE as u64 + 100).unwrap();
+    assert!(pair.check().unwrap().clean());
+}
+
+/// A data device with one unreadable block.
+struct BadSector {
+    inner: MemDev,
+    bad: u64,
+}
+
+impl BlockDev for BadSector {
+    fn nr_blocks(&self) -> u64 {
+        self.inner.nr_blocks()
+    }
+    fn read_block(&self, nr: u64, buf: &mut Block) -> std::io::Result<()> {
+        if nr == self.bad {
+            return Err(std::io::Error::other("injected read error"));
+        }
+        self.inner.read_block(nr, buf)
+    }
+    fn write_block(&mut self, _: u64, _: &Block) -> std::io::Result<()> {
+        unreachable!()
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn unreadable_data_block_is_an_error_and_the_rest_is_verified() {
+    let spec = ImageSpec::consistent(
+        sb_for(LOGICAL, DATA, required_blocks(LOGICAL, DATA) + 8, 5),
+        &sample_mappings(),
+        |p| crate::fingerprint::Hasher::Sha256.record(&data_content(p)),
+    );
+    let (m, _) = build(&spec);
+    let data = BadSector {
+        inner: MemDev::from_bytes((0..DATA).flat_map(data_content).collect()),
+        bad: 100,
+    };
+    let r = check_with_data(&m, Some(&data), &CheckOptions::default())
+        .unwrap()
+        .0;
+    let p = find(&r, "data_read_error");
+    assert_eq!(p.index, Some(100));
+    assert!(p.message.contains("injected read error"), "{}", p.message);
+    assert_eq!(r.errors, 1);
+    let s = r.summary.unwrap();
+    assert_eq!(
+        (s.data_blocks_verified, s.data_read_errors),
+        (Some(249), Some(1))
+    );
+}

@@ -13,6 +13,15 @@ pub trait BlockDev {
     /// as the kernel's `bdev_nr_bytes() >> 12` does).
     fn nr_blocks(&self) -> u64;
     fn read_block(&self, nr: u64, buf: &mut Block) -> io::Result<()>;
+    /// Read `buf.len() / 4096` consecutive blocks from `first`: one
+    /// request where the storage allows, since per-block reads of a data
+    /// device are slow (system calls, no readahead under emulation).
+    fn read_blocks(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+        for (i, b) in buf.chunks_exact_mut(BLOCK_SIZE).enumerate() {
+            self.read_block(first + i as u64, b.try_into().unwrap())?;
+        }
+        Ok(())
+    }
     fn write_block(&mut self, nr: u64, buf: &Block) -> io::Result<()>;
     /// Make every write so far durable.
     fn flush(&mut self) -> io::Result<()>;
@@ -46,6 +55,14 @@ impl MemDev {
     }
 }
 
+/// Err unless blocks [first, first + n) are on a device of `have` blocks.
+fn in_range(first: u64, n: usize, have: u64) -> io::Result<()> {
+    match first.checked_add(n as u64) {
+        Some(end) if end <= have => Ok(()),
+        _ => Err(beyond_end(have.max(first))),
+    }
+}
+
 fn beyond_end(nr: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::UnexpectedEof,
@@ -63,6 +80,13 @@ impl BlockDev for MemDev {
             return Err(beyond_end(nr));
         }
         buf.copy_from_slice(self.block(nr));
+        Ok(())
+    }
+
+    fn read_blocks(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+        in_range(first, buf.len() / BLOCK_SIZE, self.nr_blocks())?;
+        let o = first as usize * BLOCK_SIZE;
+        buf.copy_from_slice(&self.bytes[o..o + buf.len()]);
         Ok(())
     }
 
@@ -159,6 +183,11 @@ impl BlockDev for FileDev {
             return Err(beyond_end(nr));
         }
         self.file.read_exact_at(&mut buf[..], nr << BLOCK_SHIFT)
+    }
+
+    fn read_blocks(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+        in_range(first, buf.len() / BLOCK_SIZE, self.nr_blocks())?;
+        self.file.read_exact_at(buf, first << BLOCK_SHIFT)
     }
 
     fn write_block(&mut self, nr: u64, buf: &Block) -> io::Result<()> {

@@ -1,6 +1,7 @@
 //! Fingerprints of data blocks as the kernel computes them, for the hashes
-//! this tool can compute, and the placeholder record `repair` writes for a
-//! live block whose fingerprint is lost.
+//! this tool can compute, reading them from a data device (`check --data`,
+//! `repair --data`), and the placeholder record `repair` writes for a live
+//! block whose fingerprint is lost.
 //!
 //! A fingerprint record is 32 bytes: the first fp_size bytes of the crypto
 //! API digest (min(digest size, 32)), the rest zero
@@ -8,8 +9,10 @@
 
 use sha2::{Digest, Sha256, Sha384, Sha512};
 
+use crate::check::Fatal;
 use crate::crc32c::crc32c;
-use crate::ondisk::FP_SIZE;
+use crate::device::BlockDev;
+use crate::ondisk::{is_zero, zero_block, Superblock, BLOCK_SIZE, FP_SIZE};
 
 /// A hash the kernel may name in the superblock and this tool can compute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +68,74 @@ impl Hasher {
         }
         fp
     }
+}
+
+/// The hasher for reading `data` as the data device of the metadata `sb`
+/// describes. Refused: a hash this tool cannot compute, and a device of
+/// another size, which is the wrong device (the kernel refuses the pair).
+pub fn data_hasher(sb: &Superblock, data: &dyn BlockDev) -> Result<Hasher, Fatal> {
+    let name = sb.hash();
+    let h = Hasher::from_name(&name).ok_or_else(|| {
+        Fatal(format!(
+            "--data: the metadata's hash '{name}' cannot be computed by this tool \
+             (it computes {COMPUTABLE}); run without --data"
+        ))
+    })?;
+    if data.nr_blocks() != sb.data_blocks {
+        return Err(Fatal(format!(
+            "--data: the data device has {} blocks of 4 KiB but the metadata describes {} \
+             (the kernel would refuse this pair): wrong device?",
+            data.nr_blocks(),
+            sb.data_blocks
+        )));
+    }
+    Ok(h)
+}
+
+/// The record of a data block and whether the block is all zero, or why
+/// it could not be read.
+pub type DataDigest = Result<([u8; FP_SIZE], bool), String>;
+
+/// Blocks per read request (1 MiB): large enough that a densely used data
+/// device is read at sequential speed, small enough to spread the hashing
+/// over the cores.
+const RUN_BLOCKS: usize = 256;
+
+/// The digests of data blocks `pbas`, in the same order. Consecutive PBAs
+/// are read as one request, so callers pass them sorted.
+pub fn digest_blocks(
+    data: &(dyn BlockDev + Sync),
+    hasher: Hasher,
+    pbas: &[u64],
+) -> Vec<DataDigest> {
+    use rayon::prelude::*;
+    let runs: Vec<&[u64]> = pbas
+        .chunk_by(|a, b| a.checked_add(1) == Some(*b))
+        .flat_map(|run| run.chunks(RUN_BLOCKS))
+        .collect();
+    runs.par_iter()
+        .flat_map_iter(|run| digest_run(data, hasher, run))
+        .collect()
+}
+
+fn digest_run(data: &dyn BlockDev, hasher: Hasher, run: &[u64]) -> Vec<DataDigest> {
+    let digest = |b: &[u8]| (hasher.record(b), is_zero(b));
+    let mut buf = vec![0u8; run.len() * BLOCK_SIZE];
+    if data.read_blocks(run[0], &mut buf).is_ok() {
+        return buf
+            .chunks_exact(BLOCK_SIZE)
+            .map(|b| Ok(digest(b)))
+            .collect();
+    }
+    // Block by block, to tell the unreadable ones from the rest.
+    run.iter()
+        .map(|&pba| {
+            let mut b = zero_block();
+            data.read_block(pba, &mut b)
+                .map_err(|e| format!("cannot be read: {e}"))?;
+            Ok(digest(&b[..]))
+        })
+        .collect()
 }
 
 /// CRC-32 (reflected polynomial 0xEDB88320) from register 0, no final
@@ -266,6 +337,29 @@ mod tests {
         );
         assert_eq!(hex(&Hasher::Crc32c.record(b"123456789")[..4]), "839206e3");
         assert!(Hasher::from_name("sm3").is_none());
+    }
+
+    #[test]
+    fn digest_blocks_reads_runs_and_keeps_the_order() {
+        use crate::device::MemDev;
+        let n = 700u64;
+        let mut d = MemDev::new(n);
+        for p in 0..n {
+            d.block_mut(p).fill((p % 255) as u8 + 1);
+        }
+        d.block_mut(5).fill(0);
+        // Runs longer than one request, single blocks, a gap at the end.
+        let pbas: Vec<u64> = (0..600).chain([602, 650]).chain(660..699).collect();
+        let got = digest_blocks(&d, Hasher::Sha256, &pbas);
+        assert_eq!(got.len(), pbas.len());
+        for (&p, g) in pbas.iter().zip(&got) {
+            let want = Hasher::Sha256.record(&d.block(p)[..]);
+            assert_eq!(g, &Ok((want, p == 5)), "pba {p}");
+        }
+        // Beyond the end: that block only.
+        let got = digest_blocks(&d, Hasher::Crc32c, &[698, 699, 700]);
+        assert!(got[0].is_ok() && got[1].is_ok());
+        assert!(got[2].as_ref().unwrap_err().contains("beyond the end"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::check::{self, CheckOptions, Fatal};
 use crate::device::{BlockDev, FileDev};
-use crate::fingerprint::{self, Hasher};
+use crate::fingerprint;
 use crate::ondisk::*;
 use crate::salvage::{choose_superblock, Chosen, Lost, Salvager, Source};
 use crate::util::*;
@@ -190,22 +190,6 @@ enum Record {
     Lost(String),
 }
 
-/// The digest of a data block and whether it is all zero, or why it
-/// could not be read.
-type Digest = Result<([u8; FP_SIZE], bool), String>;
-
-fn digest_blocks(data: &(dyn BlockDev + Sync), hasher: Hasher, pbas: &[u64]) -> Vec<Digest> {
-    use rayon::prelude::*;
-    pbas.par_iter()
-        .map(|&pba| {
-            let mut b = zero_block();
-            data.read_block(pba, &mut b)
-                .map_err(|e| format!("cannot read it: {e}"))?;
-            Ok((hasher.record(&b[..]), is_zero(&b[..])))
-        })
-        .collect()
-}
-
 /// The generation of the repaired superblock: newer than every valid one
 /// (so the kernel uses it), in the slot the starting state is not in (so
 /// that state survives until the new one is complete).
@@ -250,29 +234,7 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
     }
     let chosen = choose_superblock(dev)?;
     let sb = chosen.sb.clone();
-    let hasher = match data {
-        None => None,
-        Some(d) => {
-            let name = sb.hash();
-            let h = Hasher::from_name(&name).ok_or_else(|| {
-                Fatal(format!(
-                    "--data: the metadata's hash '{name}' cannot be computed by this tool \
-                     (it computes {}); repair without --data keeps intact records and gives \
-                     lost ones a placeholder",
-                    fingerprint::COMPUTABLE
-                ))
-            })?;
-            if d.nr_blocks() != sb.data_blocks {
-                return Err(Fatal(format!(
-                    "--data: the data device has {} blocks of 4 KiB but the metadata describes {} \
-                     (the kernel would refuse this pair): wrong device?",
-                    d.nr_blocks(),
-                    sb.data_blocks
-                )));
-            }
-            Some(h)
-        }
-    };
+    let hasher = data.map(|d| fingerprint::data_hasher(&sb, d)).transpose()?;
     let new_gen = new_generation(&chosen)?;
     let mut ch = Changes(Vec::new());
     let mut sum = RepairSummary {
@@ -520,7 +482,7 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         let digests = match (data, hasher) {
             (Some(d), Some(h)) => {
                 let pbas: Vec<u64> = fps[start..end].iter().map(|f| f.0).collect();
-                Some(digest_blocks(d, h, &pbas))
+                Some(fingerprint::digest_blocks(d, h, &pbas))
             }
             _ => None,
         };

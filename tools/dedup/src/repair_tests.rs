@@ -5,6 +5,7 @@
 use super::*;
 use crate::check::{check, Report};
 use crate::device::MemDev;
+use crate::fingerprint::Hasher;
 use crate::writer::{write_image, Layout};
 
 const LOGICAL: u64 = 2000; // map: 4 leaves, height 1

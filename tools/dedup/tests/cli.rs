@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use dedup_tools::device::{BlockDev, MemDev};
 use dedup_tools::ondisk::*;
-use dedup_tools::writer::{test_fingerprint, write_image, ImageSpec};
+use dedup_tools::writer::{test_fingerprint, write_image, ImageSpec, Layout};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dedup");
 
@@ -699,17 +699,17 @@ fn repair_every_damaged_tree_block() {
     }
 }
 
-#[test]
-fn repair_with_the_data_device() {
-    let t = TempDir::new("repair-data");
-    let (m, dpath) = (t.path("meta"), t.path("data"));
+/// A data device of 200 blocks, block `p` holding `content(p)`, written to
+/// `dpath`, and a consistent image (txn 3, 600 mappings onto 150 live blocks)
+/// whose sha256 fingerprints match it. The image is written to a `MemDev`
+/// only: returns the data bytes, the spec, the device and its layout.
+fn image_with_data(
+    dpath: &Path,
+    content: impl Fn(u64) -> Vec<u8>,
+) -> (Vec<u8>, ImageSpec, MemDev, Layout) {
     let (logical, data) = (2_000u64, 200u64);
-    let content = |p: u64| -> Vec<u8> { (0..4096u64).map(|i| (p * 31 + i / 7) as u8).collect() };
-    let mut dd = Vec::new();
-    for p in 0..data {
-        dd.extend(content(p));
-    }
-    fs::write(&dpath, &dd).unwrap();
+    let dd: Vec<u8> = (0..data).flat_map(&content).collect();
+    fs::write(dpath, &dd).unwrap();
     let blocks = required_blocks(logical, data) + 4;
     let mut sb = Superblock::new_formatted(blocks, data, logical, "sha256", 32, 1_700_000_000);
     sb.header.txn = 3;
@@ -718,6 +718,16 @@ fn repair_with_the_data_device() {
     let spec = ImageSpec::consistent(sb, &maps, |p| h.record(&content(p)));
     let mut d = MemDev::new(blocks);
     let (_, layout) = write_image(&mut d, &spec).unwrap();
+    (dd, spec, d, layout)
+}
+
+#[test]
+fn repair_with_the_data_device() {
+    let t = TempDir::new("repair-data");
+    let (m, dpath) = (t.path("meta"), t.path("data"));
+    let content = |p: u64| -> Vec<u8> { (0..4096u64).map(|i| (p * 31 + i / 7) as u8).collect() };
+    let h = dedup_tools::fingerprint::Hasher::Sha256;
+    let (_, spec, mut d, layout) = image_with_data(&dpath, content);
     // Damage the fingerprint root: every record is lost.
     d.block_mut(layout.fingerprint_root)[500] ^= 1;
     fs::write(&m, &d.bytes).unwrap();
@@ -753,6 +763,52 @@ fn repair_with_the_data_device() {
         );
     }
     assert_eq!(dumped_mappings(&m), spec.mappings);
+}
+
+#[test]
+fn check_with_the_data_device() {
+    let t = TempDir::new("check-data");
+    let (m, dpath) = (t.path("meta"), t.path("data"));
+    let content = |p: u64| -> Vec<u8> { (0..4096u64).map(|i| (p * 17 + i / 5) as u8).collect() };
+    let (mut dd, _, d, _) = image_with_data(&dpath, content);
+    fs::write(&m, &d.bytes).unwrap();
+
+    let o = dedup(&["check", s(&m), "--data", s(&dpath)]);
+    assert_eq!(code(&o), 0, "{}{}", out(&o), err(&o));
+    assert!(
+        out(&o).contains("data blocks verified: 150 of 150 live blocks"),
+        "{}",
+        out(&o)
+    );
+
+    // A damaged live block: exit 4, the PBA in the JSON.
+    dd[77 * 4096 + 5] ^= 1;
+    fs::write(&dpath, &dd).unwrap();
+    let o = dedup(&["check", s(&m), "--data", s(&dpath), "--json"]);
+    assert_eq!(code(&o), 4, "{}{}", out(&o), err(&o));
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(j["exit_code"], 4);
+    assert_eq!(j["problems"][0]["code"], "fingerprint_mismatch");
+    assert_eq!(j["problems"][0]["index"], 77);
+    assert_eq!(j["summary"]["data_blocks_verified"], 149);
+    assert_eq!(j["summary"]["fingerprint_mismatches"], 1);
+    assert_eq!(j["summary"]["data_read_errors"], 0);
+    // Free blocks are not read: damage there changes nothing.
+    dd[77 * 4096 + 5] ^= 1;
+    dd[180 * 4096] ^= 1;
+    fs::write(&dpath, &dd).unwrap();
+    assert_eq!(code(&dedup(&["check", s(&m), "--data", s(&dpath)])), 0);
+
+    // The wrong data device, a missing one: exit 8, JSON says why.
+    let o = dedup(&["check", s(&m), "--data", s(&m), "--json"]);
+    assert_eq!(code(&o), 8);
+    let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert!(j["fatal"].as_str().unwrap().contains("wrong device"), "{j}");
+    assert_eq!(j["exit_code"], 8);
+    assert_eq!(err(&o).lines().count(), 1);
+    let o = dedup(&["check", s(&m), "--data", s(&t.path("nope"))]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("--data"), "{}", err(&o));
 }
 
 /// How many metadata blocks the image's trees use, as `check --json` says.
