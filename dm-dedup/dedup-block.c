@@ -7,6 +7,7 @@
 #include <linux/crc32c.h>
 #include <linux/device-mapper.h>
 #include <linux/dm-bufio.h>
+#include <linux/overflow.h>
 #include <linux/slab.h>
 
 #include "dedup-block.h"
@@ -269,7 +270,10 @@ int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
 /* Start reading blocks [nr, nr + count) into the cache; never waits. */
 void dd_bm_prefetch(struct dd_bm *bm, u64 nr, u64 count)
 {
-	if (nr >= DD_FIRST_TREE_BLOCK && nr + count <= bm->nr_blocks)
+	u64 end;
+
+	if (nr >= DD_FIRST_TREE_BLOCK && !check_add_overflow(nr, count, &end) &&
+	    end <= bm->nr_blocks)
 		dm_bufio_prefetch(bm->bufio, nr, count);
 }
 
@@ -287,6 +291,21 @@ void dd_bm_release_dirty(struct dd_block *blk)
 }
 
 /* Every block changed by the transaction reaches stable storage. */
+/*
+ * After an abort: no dirty block may outlive this call. dm-bufio can only
+ * write dirty buffers, not forget them, so write them; they land on blocks
+ * that are free in the committed state, as after a crash. A failed write
+ * leaves the buffer clean too.
+ */
+void dd_bm_settle(struct dd_bm *bm)
+{
+	int r = dm_bufio_write_dirty_buffers(bm->bufio);
+
+	if (r)
+		DMWARN_LIMIT("aborted transaction: write-out failed: %d (its blocks are free)",
+			     r);
+}
+
 int dd_bm_write_all(struct dd_bm *bm)
 {
 	int r;

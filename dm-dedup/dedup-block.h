@@ -54,6 +54,7 @@ void dd_bm_release(struct dd_block *blk);
 void dd_bm_release_dirty(struct dd_block *blk);
 
 int dd_bm_write_all(struct dd_bm *bm);
+void dd_bm_settle(struct dd_bm *bm);
 int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb);
 
 u32 dd_block_csum(const void *data);

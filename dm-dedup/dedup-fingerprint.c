@@ -3,8 +3,6 @@
  * Fingerprints of 4 KiB blocks; see dedup-fingerprint.h.
  */
 #include <crypto/hash.h>
-#include <linux/bio.h>
-#include <linux/highmem.h>
 #include <linux/string.h>
 
 #include "dedup-fingerprint.h"
@@ -67,47 +65,19 @@ const char *dd_hasher_name(const struct dd_hasher *h)
 	return crypto_shash_alg_name(h->tfm);
 }
 
-int dd_fingerprint_bio(const struct dd_hasher *h, struct bio *bio, u8 *fp)
+/* @data is one 4 KiB block the target owns (dedup-data.h). */
+int dd_fingerprint_block(const struct dd_hasher *h, const void *data, u8 *fp)
 {
 	SHASH_DESC_ON_STACK(desc, h->tfm);
 	u8 digest[HASH_MAX_DIGESTSIZE];
-	struct bvec_iter iter;
-	struct bio_vec bv;
-	void *p;
 	int r;
 
 	desc->tfm = h->tfm;
-	r = crypto_shash_init(desc);
-	bio_for_each_segment(bv, bio, iter) {
-		if (r)
-			break;
-		p = bvec_kmap_local(&bv);
-		r = crypto_shash_update(desc, p, bv.bv_len);
-		kunmap_local(p);
-	}
-	if (!r)
-		r = crypto_shash_final(desc, digest);
+	r = crypto_shash_digest(desc, data, DD_BLOCK_SIZE, digest);
 	shash_desc_zero(desc);
 	if (r)
 		return r;
 	memset(fp, 0, DD_FP_SIZE);
 	memcpy(fp, digest, h->fp_size);
 	return 0;
-}
-
-bool dd_bio_is_zero(struct bio *bio)
-{
-	struct bvec_iter iter;
-	struct bio_vec bv;
-	bool zero = true;
-	void *p;
-
-	bio_for_each_segment(bv, bio, iter) {
-		p = bvec_kmap_local(&bv);
-		zero = !memchr_inv(p, 0, bv.bv_len);
-		kunmap_local(p);
-		if (!zero)
-			break;
-	}
-	return zero;
 }

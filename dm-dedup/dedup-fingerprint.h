@@ -9,7 +9,6 @@
 
 #include "dedup-format.h"
 
-struct bio;
 struct crypto_shash;
 
 struct dd_hasher {
@@ -21,7 +20,6 @@ struct dd_hasher {
 int dd_hasher_init(struct dd_hasher *h, const char *name, char **error);
 void dd_hasher_exit(struct dd_hasher *h);
 const char *dd_hasher_name(const struct dd_hasher *h);
-int dd_fingerprint_bio(const struct dd_hasher *h, struct bio *bio, u8 *fp);
-bool dd_bio_is_zero(struct bio *bio);
+int dd_fingerprint_block(const struct dd_hasher *h, const void *data, u8 *fp);
 
 #endif

@@ -9,6 +9,7 @@
 #ifndef DM_DEDUP_FORMAT_H
 #define DM_DEDUP_FORMAT_H
 
+#include <linux/limits.h>
 #include <linux/types.h>
 
 #define DD_BLOCK_SIZE		4096
@@ -17,6 +18,12 @@
 
 #define DD_SB_MAGIC		0x3130505544454444ULL	/* "DDEDUP01" */
 #define DD_FORMAT_VERSION	1
+/*
+ * The highest transaction id a superblock may carry: room for 2^32 more
+ * commits, so that the id never wraps and an older slot never outranks
+ * the newer one. Anything above is damage.
+ */
+#define DD_MAX_TXN		(U64_MAX - (1ULL << 32))
 
 /* Two superblock slots; the valid one with the higher generation wins. */
 #define DD_SB_SLOTS		2

@@ -2,8 +2,9 @@
 /*
  * KUnit tests of the RAM fingerprint index (dedup-index.c).
  *
- * The index places a fingerprint at home slot (xxh64(fp) * nr_slots) >> 64
- * and keeps the low 16 bits of the same hash as its tag. The collision
+ * The index places a fingerprint at home slot
+ * (siphash(fp, key) * nr_slots) >> 64, with a key drawn at every
+ * dd_index_init, and keeps the low 16 bits of the same hash as its tag. The collision
  * tests pick fingerprints by these two values, so they really collide;
  * dd_index_home_slot checks the assumption, so that a changed scheme
  * fails here rather than turning the collision tests into no-ops.
@@ -12,20 +13,21 @@
 #include <kunit/test.h>
 #include <linux/math64.h>
 #include <linux/sort.h>
+#include <linux/siphash.h>
 #include <linux/vmalloc.h>
-#include <linux/xxhash.h>
 
 #include "dedup-index.h"
 #include "dedup-test-util.h"
 
 static u64 dd_test_home(const struct dd_index *idx, const u8 *fp)
 {
-	return mul_u64_u64_shr(xxh64(fp, DD_FP_SIZE, 0), idx->nr_slots, 64);
+	return mul_u64_u64_shr(siphash(fp, DD_FP_SIZE, &idx->key), idx->nr_slots,
+			       64);
 }
 
-static u16 dd_test_tag(const u8 *fp)
+static u16 dd_test_tag(const struct dd_index *idx, const u8 *fp)
 {
-	return (u16)xxh64(fp, DD_FP_SIZE, 0);
+	return (u16)siphash(fp, DD_FP_SIZE, &idx->key);
 }
 
 KUNIT_DEFINE_ACTION_WRAPPER(dd_test_index_put, dd_index_exit,
@@ -88,7 +90,7 @@ static u64 *dd_test_same_home(struct kunit *test, const struct dd_index *idx,
 		KUNIT_ASSERT_LT(test, seed, 100000000ULL);
 		dd_test_fp(fp, seed);
 		if (dd_test_home(idx, fp) != home ||
-		    __test_and_set_bit(dd_test_tag(fp), tags))
+		    __test_and_set_bit(dd_test_tag(idx, fp), tags))
 			continue;
 		seeds[n++] = seed;
 	}
@@ -256,7 +258,7 @@ static void dd_index_test_same_tag(struct kunit *test)
 	KUNIT_ASSERT_NOT_NULL(test, keys);
 	for (i = 0; i < n; i++) {
 		dd_test_fp(fp1, i);
-		keys[i].key = dd_test_home(idx, fp1) << 16 | dd_test_tag(fp1);
+		keys[i].key = dd_test_home(idx, fp1) << 16 | dd_test_tag(idx, fp1);
 		keys[i].seed = i;
 	}
 	sort(keys, n, sizeof(*keys), dd_test_key_cmp, NULL);
@@ -270,7 +272,7 @@ static void dd_index_test_same_tag(struct kunit *test)
 	KUNIT_ASSERT_LT_MSG(test, i, n, "no colliding pair among the seeds");
 	KUNIT_ASSERT_NE(test, memcmp(fp1, fp2, DD_FP_SIZE), 0);
 	KUNIT_ASSERT_EQ(test, dd_test_home(idx, fp1), dd_test_home(idx, fp2));
-	KUNIT_ASSERT_EQ(test, dd_test_tag(fp1), dd_test_tag(fp2));
+	KUNIT_ASSERT_EQ(test, dd_test_tag(idx, fp1), dd_test_tag(idx, fp2));
 
 	KUNIT_ASSERT_EQ(test, dd_index_insert(idx, fp1, 11), 0);
 	KUNIT_ASSERT_EQ(test, dd_index_insert(idx, fp2, 22), 0);
@@ -476,6 +478,26 @@ static void dd_index_test_random_model(struct kunit *test)
 	}
 }
 
+/*
+ * Two activations place the same fingerprints differently: nobody can
+ * prepare content that crowds one probe window of the next activation.
+ */
+static void dd_index_test_keyed(struct kunit *test)
+{
+	struct dd_index *a = dd_test_index(test, 1 << 16);
+	struct dd_index *b = dd_test_index(test, 1 << 16);
+	unsigned int i, same = 0;
+	u8 fp[DD_FP_SIZE];
+
+	KUNIT_EXPECT_MEMNEQ(test, &a->key, &b->key, sizeof(a->key));
+	for (i = 0; i < 64; i++) {
+		dd_test_fp(fp, i);
+		same += dd_test_home(a, fp) == dd_test_home(b, fp);
+	}
+	/* by chance, 64 / 81936 of them on average */
+	KUNIT_EXPECT_LT(test, same, 4);
+}
+
 static struct kunit_case dd_index_cases[] = {
 	KUNIT_CASE(dd_index_test_insert_find_remove),
 	KUNIT_CASE(dd_index_test_home_slot),
@@ -489,6 +511,7 @@ static struct kunit_case dd_index_cases[] = {
 	KUNIT_CASE(dd_index_test_no_capacity),
 	KUNIT_CASE(dd_index_test_memory),
 	KUNIT_CASE(dd_index_test_random_model),
+	KUNIT_CASE(dd_index_test_keyed),
 	{}
 };
 

@@ -7,7 +7,7 @@
 #include <linux/slab.h>
 #include <linux/unaligned.h>
 #include <linux/vmalloc.h>
-#include <linux/xxhash.h>
+#include <linux/random.h>
 
 #include "dedup-index.h"
 
@@ -39,12 +39,13 @@ static inline u64 dd_make_slot(u64 pba, u32 dist, u16 tag)
 }
 
 /*
- * Slot and tag come from a mix of the whole fingerprint: a short digest
- * (crc32c with verify) would otherwise leave the bits they use constant.
+ * Slot and tag come from a keyed mix of the whole fingerprint: a short
+ * digest (crc32c with verify) would otherwise leave the bits they use
+ * constant, and an unkeyed one would let placement be chosen.
  */
-static inline u64 dd_mix(const u8 *fp)
+static inline u64 dd_mix(const struct dd_index *idx, const u8 *fp)
 {
-	return xxh64(fp, DD_FP_SIZE, 0);
+	return siphash(fp, DD_FP_SIZE, &idx->key);
 }
 
 static inline u64 dd_home(const struct dd_index *idx, u64 mix)
@@ -68,6 +69,7 @@ int dd_index_init(struct dd_index *idx, u64 max_entries)
 	idx->nr_slots = max_entries + max_entries / 4 + 16;
 	idx->max_entries = max_entries;
 	idx->nr_entries = 0;
+	get_random_bytes(&idx->key, sizeof(idx->key));
 	idx->slots = vzalloc(array_size(idx->nr_slots, sizeof(u64)));
 	return idx->slots ? 0 : -ENOMEM;
 }
@@ -108,7 +110,7 @@ static bool dd_insert_fits(const struct dd_index *idx, u64 pos)
 
 int dd_index_insert(struct dd_index *idx, const u8 *fp, u64 pba)
 {
-	u64 mix = dd_mix(fp), pos = dd_home(idx, mix), cur, s;
+	u64 mix = dd_mix(idx, fp), pos = dd_home(idx, mix), cur, s;
 
 	if (pba > DD_INDEX_MAX_PBA)
 		return -ERANGE;
@@ -134,7 +136,7 @@ int dd_index_insert(struct dd_index *idx, const u8 *fp, u64 pba)
 void dd_index_iter_init(const struct dd_index *idx, const u8 *fp,
 			struct dd_index_iter *it)
 {
-	u64 mix = dd_mix(fp);
+	u64 mix = dd_mix(idx, fp);
 
 	it->pos = dd_home(idx, mix);
 	it->dist = 0;

@@ -12,6 +12,7 @@
 #ifndef DM_DEDUP_INDEX_H
 #define DM_DEDUP_INDEX_H
 
+#include <linux/siphash.h>
 #include <linux/types.h>
 
 #include "dedup-format.h"
@@ -23,6 +24,12 @@ struct dd_index {
 	u64 nr_slots;
 	u64 nr_entries;
 	u64 max_entries;
+	/*
+	 * Placement is keyed, new at every activation: whoever can choose
+	 * content must not be able to predict where it lands, or they could
+	 * crowd one probe window until chosen content is never deduplicated.
+	 */
+	siphash_key_t key;
 };
 
 struct dd_index_iter {

@@ -571,15 +571,33 @@ static void dd_md_test_metadata_blocks(struct kunit *test)
 }
 
 /* After an abort the device is the last commit, and stays so. */
+/* A checksum of every block of the device, read past any cache. */
+static void dd_test_device_crcs(struct kunit *test, struct block_device *bdev,
+				u32 *crcs)
+{
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 nr;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	for (nr = 0; nr < DD_TEST_DEV_BLOCKS; nr++) {
+		dd_test_read_block(test, bdev, nr, raw);
+		crcs[nr] = dd_test_crc32c(raw, DD_BLOCK_SIZE);
+	}
+	kunit_kfree(test, raw);
+}
+
 static void dd_md_test_abort(struct kunit *test)
 {
 	struct block_device *bdev = dd_test_dev_open(test);
 	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u32 (*crcs)[DD_TEST_DEV_BLOCKS];
 	struct dd_md_stats st;
 	u64 pba0, pba1, n, got;
 	u8 fp[DD_FP_SIZE];
 
+	crcs = kunit_kmalloc(test, 2 * sizeof(*crcs), GFP_KERNEL);
+	KUNIT_ASSERT_NOT_NULL(test, crcs);
 	pba0 = dd_test_write(test, md, 0, 10);
 	pba1 = dd_test_write(test, md, 1, 11);
 	dd_test_share(test, md, 2, pba0);
@@ -621,7 +639,16 @@ static void dd_md_test_abort(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 0, 10, &n), -EROFS);
 	KUNIT_EXPECT_EQ(test, dd_md_commit(md), -EROFS);
 	dd_test_expect_map(test, md, 0, pba0);
+	/*
+	 * Nothing of the dead transaction is left to write: closing (what a
+	 * reloaded table's destructor does, after the new table opened the
+	 * device) must not change a single block.
+	 */
+	dd_test_device_crcs(test, bdev, crcs[0]);
 	dd_test_md_close(test, md);
+	dd_test_device_crcs(test, bdev, crcs[1]);
+	KUNIT_EXPECT_MEMEQ(test, crcs[0], crcs[1],
+			   DD_TEST_DEV_BLOCKS * sizeof(u32));
 
 	md = dd_test_md_open(test, bdev, cfg);
 	dd_test_expect_map(test, md, 0, pba0);
@@ -866,6 +893,46 @@ static void dd_md_test_superblock_fallback(struct kunit *test)
 	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "no valid superblock"));
 }
 
+/* The newest superblock, rewritten with transaction id @txn. */
+static void dd_test_set_txn(struct kunit *test, struct block_device *bdev,
+			    u8 *raw, u64 txn)
+{
+	u64 slot = dd_test_sb_slot(test, bdev, raw);
+
+	put_unaligned_le64(txn, raw + 16);
+	put_unaligned_le32(dd_block_csum(raw), raw);
+	dd_test_write_block(test, bdev, slot, raw);
+}
+
+/*
+ * A superblock whose transaction id is near 2^64 is refused: committing
+ * on would wrap the id, and the older slot would then win at the next
+ * open, rolling the device back onto blocks reused since.
+ */
+static void dd_md_test_txn_limit(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const char *error;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	dd_test_write(test, md, 0, 1);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	dd_test_md_close(test, md);
+
+	dd_test_set_txn(test, bdev, raw, DD_MAX_TXN);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, DD_MAX_TXN);
+	dd_test_expect_map(test, md, 0, 0);
+	dd_test_md_close(test, md);
+
+	dd_test_set_txn(test, bdev, raw, DD_MAX_TXN + 1);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "transaction id"));
+}
+
 /*
  * Damage in a committed tree block: activation reads the refcount and
  * fingerprint trees and refuses them; map leaves are read on lookup.
@@ -984,6 +1051,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_short_fingerprint),
 	KUNIT_CASE(dd_md_test_zero_fingerprint),
 	KUNIT_CASE(dd_md_test_superblock_fallback),
+	KUNIT_CASE(dd_md_test_txn_limit),
 	KUNIT_CASE(dd_md_test_damaged_tree),
 	KUNIT_CASE(dd_md_test_map_beyond_data),
 	KUNIT_CASE_SLOW(dd_md_test_commit_churn),

@@ -143,6 +143,10 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 		*error = "metadata superblock is damaged (block or fingerprint size)";
 		return -EINVAL;
 	}
+	if (le64_to_cpu(sb->hdr.txn) > DD_MAX_TXN) {
+		*error = "metadata superblock is damaged (transaction id near the 2^64 limit)";
+		return -EINVAL;
+	}
 	if (le64_to_cpu(sb->metadata_blocks) > md->bm->nr_blocks) {
 		*error = "metadata device is smaller than when it was formatted";
 		return -EINVAL;
@@ -641,7 +645,10 @@ int dd_md_commit(struct dd_metadata *md)
  * A change or a commit failed: from now on lookups see the last committed
  * state, exactly what a crash would leave, and nothing changes any more.
  * Its blocks are intact on disk; the running transaction's are not, and
- * dm-bufio drops a cached block whose write failed.
+ * dm-bufio drops a cached block whose write failed. The dead transaction's
+ * dirty blocks are written out now, onto blocks the last commit leaves
+ * free, while this instance still owns the device: later, when a reloaded
+ * table may already allocate those blocks, nothing of it is left to write.
  */
 void dd_md_abort(struct dd_metadata *md)
 {
@@ -653,6 +660,7 @@ void dd_md_abort(struct dd_metadata *md)
 	md->refcount.root = le64_to_cpu(sb->refcount_root);
 	md->fingerprint.root = le64_to_cpu(sb->fingerprint_root);
 	dd_load_committed_counters(md);
+	dd_bm_settle(md->bm);
 }
 
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)

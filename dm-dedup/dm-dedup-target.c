@@ -24,6 +24,7 @@
 #include <linux/unaligned.h>
 #include <linux/workqueue.h>
 
+#include "dedup-data.h"
 #include "dedup-fingerprint.h"
 #include "dedup-index.h"
 #include "dedup-metadata.h"
@@ -36,6 +37,17 @@
 #define DD_INFLIGHT_BITS		8
 /* Verification retries when a commit overtook the compare. */
 #define DD_VERIFY_ATTEMPTS		4
+/*
+ * Candidates compared byte for byte before storing a copy: with a short
+ * hash, somebody may have planted a colliding block in front of the real
+ * duplicate.
+ */
+#define DD_VERIFY_CANDIDATES		8
+/*
+ * Copies of data blocks kept in reserve for writes (1 MiB). A writer that
+ * finds none free waits in map until a write completes.
+ */
+#define DD_DATA_RESERVE			256
 
 enum dd_mode {
 	DD_MODE_RW,
@@ -57,6 +69,7 @@ struct dedup_c {
 	struct dd_metadata *md;
 	struct dd_index index;
 	struct dd_hasher hasher;
+	struct dd_data_pool data_pool;
 
 	struct rw_semaphore lock;
 	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
@@ -65,6 +78,7 @@ struct dedup_c {
 	struct workqueue_struct *commit_wq;
 	struct work_struct commit_work;
 	struct delayed_work periodic_commit;
+	struct work_struct abort_work;	/* for errors found under a shared lock */
 
 	spinlock_t commit_lock;		/* protects the two lists below */
 	struct bio_list commit_waiters;	/* flushes and FUA writes */
@@ -118,6 +132,7 @@ struct dd_io {
 	struct work_struct work;
 	u64 lba;
 	u64 pba;
+	struct page *data;		/* a write's copy of its block */
 	u8 fp[DD_FP_SIZE];
 	unsigned int flags;
 	blk_status_t status;
@@ -224,7 +239,8 @@ static int dd_commit(struct dedup_c *dc)
 	/* What the new state points at must be stable before the state. */
 	r = blkdev_issue_flush(dc->data_dev->bdev);
 	if (r) {
-		dd_degrade(dc, DD_MODE_RO, "flushing the data device", r);
+		/* The new state may point at data that is not stable. */
+		dd_metadata_error(dc, "flushing the data device", r);
 		goto out;
 	}
 	/*
@@ -276,6 +292,20 @@ static void dd_commit_work(struct work_struct *w)
 	}
 }
 
+/*
+ * A read found the metadata damaged while holding the lock shared: roll
+ * back to the last commit as every other metadata error does, so reads
+ * show exactly that commit and nothing of the dead transaction stays dirty.
+ */
+static void dd_abort_work(struct work_struct *w)
+{
+	struct dedup_c *dc = container_of(w, struct dedup_c, abort_work);
+
+	down_write(&dc->lock);
+	dd_md_abort(dc->md);
+	up_write(&dc->lock);
+}
+
 static void dd_periodic_commit(struct work_struct *w)
 {
 	struct dedup_c *dc = container_of(to_delayed_work(w), struct dedup_c,
@@ -316,11 +346,21 @@ static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
 		dd_discard_passdown(dc, begin, end);
 }
 
+static bool dd_pba_in(u64 pba, const u64 *set, unsigned int nr)
+{
+	while (nr--)
+		if (set[nr] == pba)
+			return true;
+	return false;
+}
+
 /*
- * A live physical block whose full fingerprint equals @fp, or -ENODATA.
- * The index only narrows the search; the persistent record decides.
+ * A live physical block whose full fingerprint equals @fp, other than the
+ * @nr_skip in @skip, or -ENODATA. The index only narrows the search; the
+ * persistent record decides.
  */
-static int dd_find_duplicate(struct dedup_c *dc, const u8 *fp, u64 *pba)
+static int dd_find_duplicate(struct dedup_c *dc, const u8 *fp,
+			     const u64 *skip, unsigned int nr_skip, u64 *pba)
 {
 	u8 stored[DD_FP_SIZE];
 	struct dd_index_iter it;
@@ -329,6 +369,8 @@ static int dd_find_duplicate(struct dedup_c *dc, const u8 *fp, u64 *pba)
 
 	dd_index_iter_init(&dc->index, fp, &it);
 	while (dd_index_iter_next(&dc->index, &it, &candidate)) {
+		if (dd_pba_in(candidate, skip, nr_skip))
+			continue;
 		r = dd_md_get_fingerprint(dc->md, candidate, stored);
 		if (r)
 			return r;
@@ -375,8 +417,10 @@ static int dd_read_lookup(struct dedup_c *dc, struct dd_io *io, bool nowait)
 		return DM_MAPIO_SUBMITTED;
 	}
 	if (r) {
-		if (r == -EILSEQ)
+		if (r == -EILSEQ) {
 			dd_degrade(dc, DD_MODE_NEEDS_CHECK, "map lookup", r);
+			queue_work(dc->commit_wq, &dc->abort_work);
+		}
 		dd_endio(bio, BLK_STS_IOERR);
 		return DM_MAPIO_SUBMITTED;
 	}
@@ -424,6 +468,10 @@ static void dd_finish_write(struct dedup_c *dc, struct dd_io *io, int r)
 {
 	struct bio *bio = dd_bio(io);
 
+	if (io->data) {
+		dd_data_put(&dc->data_pool, io->data);
+		io->data = NULL;
+	}
 	if (r == -EROFS)
 		r = -EIO;
 	if (!r && (bio->bi_opf & REQ_FUA)) {
@@ -445,16 +493,12 @@ static void dd_low_water_check(struct dedup_c *dc, u64 free)
 	dm_table_event(dc->ti->table);
 }
 
-/* Does physical block @pba hold exactly the bio's data? */
-static int dd_same_content(struct dedup_c *dc, struct bio *bio, u64 pba)
+/* Does physical block @pba hold exactly the write's data? */
+static int dd_same_content(struct dedup_c *dc, struct dd_io *io, u64 pba)
 {
-	struct bio_vec rvec, bv;
-	struct bvec_iter iter;
-	unsigned int off = 0;
+	struct bio_vec rvec;
 	struct bio rbio;
 	struct page *page;
-	bool same = true;
-	void *p, *q;
 	int r;
 
 	page = alloc_page(GFP_NOIO);
@@ -465,19 +509,8 @@ static int dd_same_content(struct dedup_c *dc, struct bio *bio, u64 pba)
 	__bio_add_page(&rbio, page, DD_BLOCK_SIZE, 0);
 	r = submit_bio_wait(&rbio);
 	bio_uninit(&rbio);
-	if (!r) {
-		p = kmap_local_page(page);
-		bio_for_each_segment(bv, bio, iter) {
-			q = bvec_kmap_local(&bv);
-			same = !memcmp((u8 *)p + off, q, bv.bv_len);
-			kunmap_local(q);
-			off += bv.bv_len;
-			if (!same)
-				break;
-		}
-		kunmap_local(p);
-		r = same;
-	}
+	if (!r)
+		r = dd_data_equal(page, io->data);
 	__free_page(page);
 	return r;
 }
@@ -528,14 +561,19 @@ static void dd_unique_done_work(struct work_struct *w)
 	dd_finish_write(dc, io, r);
 }
 
+/* Writes our copy, never the submitter's pages: see dedup-data.h. */
 static void dd_submit_unique(struct dedup_c *dc, struct dd_io *io)
 {
 	struct bio *bio = dd_bio(io), *clone;
 
-	clone = bio_alloc_clone(dc->data_dev->bdev, bio, GFP_NOIO, &dc->bs);
 	/* Durability comes from the commit, which flushes the data device. */
-	clone->bi_opf &= ~(REQ_FUA | REQ_PREFLUSH);
+	clone = bio_alloc_bioset(dc->data_dev->bdev, 1,
+				 bio->bi_opf & ~(REQ_FUA | REQ_PREFLUSH),
+				 GFP_NOIO, &dc->bs);
+	bio_clone_blkg_association(clone, bio);
+	clone->bi_ioprio = bio->bi_ioprio;
 	clone->bi_iter.bi_sector = io->pba * DD_SECTORS_PER_BLOCK;
+	__bio_add_page(clone, io->data, DD_BLOCK_SIZE, 0);
 	clone->bi_end_io = dd_unique_endio;
 	clone->bi_private = io;
 	INIT_WORK(&io->work, dd_unique_done_work);
@@ -545,13 +583,14 @@ static void dd_submit_unique(struct dedup_c *dc, struct dd_io *io)
 /* Try to share an existing block. 1: shared, 0: store it, < 0: error. */
 static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
 {
-	unsigned int attempts = 0;
+	unsigned int attempts = 0, nr_differ = 0;
+	u64 differ[DD_VERIFY_CANDIDATES];
 	u64 pba, seq;
 	u32 refs;
 	int r;
 
 again:
-	r = dd_find_duplicate(dc, io->fp, &pba);
+	r = dd_find_duplicate(dc, io->fp, differ, nr_differ, &pba);
 	if (r == -ENODATA)
 		return 0;
 	if (r)
@@ -566,15 +605,23 @@ again:
 		 */
 		seq = dc->commit_seq;
 		up_write(&dc->lock);
-		r = dd_same_content(dc, dd_bio(io), pba);
+		r = dd_same_content(dc, io, pba);
 		down_write(&dc->lock);
 		if (READ_ONCE(dc->mode) != DD_MODE_RW)
 			return -EIO;
-		if (r <= 0) {
-			/* Different, or unreadable: store a copy of its own. */
-			if (!r)
-				atomic64_inc(&dc->verify_mismatches);
-			return 0;
+		if (r < 0)
+			return 0;	/* unreadable: store a copy of its own */
+		if (!r) {
+			/*
+			 * Different content under the same fingerprint: look
+			 * further, afresh, since the index may have changed
+			 * while the lock was dropped.
+			 */
+			atomic64_inc(&dc->verify_mismatches);
+			if (nr_differ == ARRAY_SIZE(differ))
+				return 0;
+			differ[nr_differ++] = pba;
+			goto again;
 		}
 		r = dd_md_get_refcount(dc->md, pba, &refs);
 		if (r)
@@ -658,17 +705,19 @@ static void dd_write_work(struct work_struct *w)
 {
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
-	struct bio *bio = dd_bio(io);
+	void *p;
 	int r;
 
 	if (!(io->flags & DD_IO_HASHED)) {
-		if (dd_bio_is_zero(bio)) {
+		if (dd_data_is_zero(io->data)) {
 			io->flags |= DD_IO_ZERO;
 		} else {
-			r = dd_fingerprint_bio(&dc->hasher, bio, io->fp);
+			p = kmap_local_page(io->data);
+			r = dd_fingerprint_block(&dc->hasher, p, io->fp);
+			kunmap_local(p);
 			if (r) {
 				DMERR_LIMIT("%s: hashing failed: %d", dd_name(dc), r);
-				dd_endio(bio, BLK_STS_IOERR);
+				dd_finish_write(dc, io, r);
 				return;
 			}
 		}
@@ -684,8 +733,7 @@ static void dd_discard_work(struct work_struct *w)
 {
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
-	struct bio *bio = dd_bio(io);
-	u64 n = bio_sectors(bio) / DD_SECTORS_PER_BLOCK, unmapped;
+	u64 n = bio_sectors(dd_bio(io)) / DD_SECTORS_PER_BLOCK, unmapped;
 	int r = -EIO;
 
 	down_write(&dc->lock);
@@ -695,11 +743,30 @@ static void dd_discard_work(struct work_struct *w)
 			dd_metadata_error(dc, "discard", r);
 	}
 	up_write(&dc->lock);
-	dd_endio(bio, r ? BLK_STS_IOERR : BLK_STS_OK);
+	/* As for writes, FUA means durable on completion. */
+	dd_finish_write(dc, io, r);
 }
 
 /* ------------------------------------------------------------------ */
 /* target methods */
+
+/*
+ * Reads and writes map one logical block to one physical block whole. The
+ * queue limits (logical block size 4 KiB, max_io_len) make every bio one
+ * aligned block; a bio queued under an older table with other limits, or
+ * from a misbehaving submitter, is refused rather than half mapped.
+ */
+static bool dd_bio_is_one_block(struct dedup_c *dc, struct bio *bio)
+{
+	if (likely(bio_sectors(bio) == DD_SECTORS_PER_BLOCK &&
+		   !(bio->bi_iter.bi_sector & (DD_SECTORS_PER_BLOCK - 1))))
+		return true;
+	DMERR_LIMIT("%s: refused a %u-byte %s at sector %llu: not one aligned 4 KiB block",
+		    dd_name(dc), bio->bi_iter.bi_size,
+		    op_is_write(bio_op(bio)) ? "write" : "read",
+		    (unsigned long long)bio->bi_iter.bi_sector);
+	return false;
+}
 
 static int dedup_map(struct dm_target *ti, struct bio *bio)
 {
@@ -709,6 +776,7 @@ static int dedup_map(struct dm_target *ti, struct bio *bio)
 	io->dc = dc;
 	io->flags = 0;
 	io->status = BLK_STS_OK;
+	io->data = NULL;
 	INIT_LIST_HEAD(&io->wait_entry);
 
 	if (bio->bi_opf & REQ_PREFLUSH) {
@@ -721,8 +789,13 @@ static int dedup_map(struct dm_target *ti, struct bio *bio)
 		  DD_SECTORS_PER_BLOCK;
 	switch (bio_op(bio)) {
 	case REQ_OP_READ:
+		if (!dd_bio_is_one_block(dc, bio))
+			return DM_MAPIO_KILL;
 		return dd_map_read(dc, io);
 	case REQ_OP_WRITE:
+		if (!dd_bio_is_one_block(dc, bio))
+			return DM_MAPIO_KILL;
+		io->data = dd_data_copy(&dc->data_pool, bio);
 		INIT_WORK(&io->work, dd_write_work);
 		break;
 	case REQ_OP_DISCARD:
@@ -989,11 +1062,12 @@ static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 	return 0;
 }
 
+/*
+ * The claim on the devices goes last: until the metadata is closed, and
+ * with it every write of this instance done, no other target may open it.
+ */
 static void dd_destroy(struct dedup_c *dc)
 {
-	mutex_lock(&dd_instances_lock);
-	list_del(&dc->instance);
-	mutex_unlock(&dd_instances_lock);
 	if (dc->commit_wq)
 		destroy_workqueue(dc->commit_wq);
 	if (dc->wq)
@@ -1002,9 +1076,13 @@ static void dd_destroy(struct dedup_c *dc)
 		dd_md_close(dc->md);
 	dd_index_exit(&dc->index);
 	dd_hasher_exit(&dc->hasher);
+	dd_data_pool_exit(&dc->data_pool);
 	bioset_exit(&dc->bs);
 	if (dc->data_dev)
 		dm_put_device(dc->ti, dc->data_dev);
+	mutex_lock(&dd_instances_lock);
+	list_del(&dc->instance);
+	mutex_unlock(&dd_instances_lock);
 	if (dc->meta_dev)
 		dm_put_device(dc->ti, dc->meta_dev);
 	kfree(dc);
@@ -1146,6 +1224,7 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	init_waitqueue_head(&dc->reads_wait);
 	INIT_WORK(&dc->commit_work, dd_commit_work);
 	INIT_DELAYED_WORK(&dc->periodic_commit, dd_periodic_commit);
+	INIT_WORK(&dc->abort_work, dd_abort_work);
 
 	r = dd_parse_options(dc, &as, &hash, &ti->error);
 	if (r)
@@ -1165,6 +1244,11 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	r = bioset_init(&dc->bs, 256, 0, BIOSET_NEED_BVECS);
 	if (r) {
 		ti->error = "Cannot allocate bio set";
+		goto bad;
+	}
+	r = dd_data_pool_init(&dc->data_pool, DD_DATA_RESERVE);
+	if (r) {
+		ti->error = "Cannot allocate the reserve of data block copies";
 		goto bad;
 	}
 	mutex_lock(&dd_instances_lock);

@@ -598,6 +598,21 @@ def device_bytes(path):
     return int(run(["blockdev", "--getsize64", path]).stdout)
 
 
+def dm_linear(name, dev):
+    """A dm-linear device NAME over all of DEV, so that a fault can be
+    switched in under a running target; returns (path, sectors)."""
+    sectors = device_bytes(dev) // 512
+    run(["dmsetup", "create", name, "--table", "0 %d linear %s 0" % (sectors, dev)])
+    return "/dev/mapper/" + name, sectors
+
+
+def dm_swap_table(name, table):
+    """Replace NAME's table (e.g. linear by flakey) without flushing."""
+    run(["dmsetup", "suspend", "--noflush", "--nolockfs", name])
+    run(["dmsetup", "reload", name, "--table", table])
+    run(["dmsetup", "resume", name])
+
+
 # --------------------------------------------------------------------------
 # directory trees (filesystem tests, demo)
 # --------------------------------------------------------------------------

@@ -12,27 +12,15 @@ import errno
 import pytest
 
 import ddlib
-from ddlib import BlockDev, DedupDev, block_data, run
+from ddlib import BlockDev, DedupDev, block_data, dm_linear, dm_swap_table, run
 
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
-
-
-def linear(name, dev):
-    sectors = ddlib.device_bytes(dev) // 512
-    run(["dmsetup", "create", name, "--table", "0 %d linear %s 0" % (sectors, dev)])
-    return "/dev/mapper/" + name, sectors
-
-
-def swap_table(name, table):
-    run(["dmsetup", "suspend", "--noflush", "--nolockfs", name])
-    run(["dmsetup", "reload", name, "--table", table])
-    run(["dmsetup", "resume", name])
 
 
 def test_metadata_write_error_turns_read_only(backing, seed):
     meta_raw = backing.loop(META_MIB, "meta")
     data = backing.loop(DATA_MIB, "data")
-    meta, sectors = linear("ddtfmeta", meta_raw)
+    meta, sectors = dm_linear("ddtfmeta", meta_raw)
     dd = DedupDev.create("ddtfault", meta, data, LOGICAL_MIB * ddlib.MIB // 512,
                          ["commit_interval", "3600"])
     before = {lba: block_data(seed, lba) for lba in range(32)}
@@ -43,7 +31,7 @@ def test_metadata_write_error_turns_read_only(backing, seed):
         assert dd.status()["mode"] == "rw"
 
         # From now on every write to the metadata device fails.
-        swap_table("ddtfmeta", "0 %d flakey %s 0 0 1 1 error_writes" % (sectors, meta_raw))
+        dm_swap_table("ddtfmeta", "0 %d flakey %s 0 0 1 1 error_writes" % (sectors, meta_raw))
         for lba in range(32, 48):
             bd.write(lba, block_data(seed, lba))   # acknowledged, not yet durable
         with pytest.raises(OSError) as e:
@@ -64,7 +52,7 @@ def test_metadata_write_error_turns_read_only(backing, seed):
             assert bd.read(lba) in (ddlib.ZERO, block_data(seed, lba)), "lba %d" % lba
 
     dd.remove()
-    swap_table("ddtfmeta", "0 %d linear %s 0" % (sectors, meta_raw))
+    dm_swap_table("ddtfmeta", "0 %d linear %s 0" % (sectors, meta_raw))
     dd.activate()
     st = dd.status()
     assert st["mode"] == "rw"
@@ -83,20 +71,20 @@ def test_metadata_write_error_turns_read_only(backing, seed):
 def test_data_read_error_is_passed_up(backing, seed):
     meta = backing.loop(META_MIB, "meta")
     data_raw = backing.loop(DATA_MIB, "data")
-    data, sectors = linear("ddtfdata", data_raw)
+    data, sectors = dm_linear("ddtfdata", data_raw)
     dd = DedupDev.create("ddtfault", meta, data, LOGICAL_MIB * ddlib.MIB // 512)
     with BlockDev(dd.path) as bd:
         bd.write(0, block_data(seed, 0))
         bd.fsync()
     # All reads of the data device fail from now on (flakey: reads error
     # while down unless a write feature is given).
-    swap_table("ddtfdata", "0 %d flakey %s 0 0 1" % (sectors, data_raw))
+    dm_swap_table("ddtfdata", "0 %d flakey %s 0 0 1" % (sectors, data_raw))
     with BlockDev(dd.path) as bd:
         with pytest.raises(OSError) as e:
             bd.read(0)
         assert e.value.errno == errno.EIO
         assert bd.read(5) == ddlib.ZERO    # unmapped: never touches the disk
-    swap_table("ddtfdata", "0 %d linear %s 0" % (sectors, data_raw))
+    dm_swap_table("ddtfdata", "0 %d linear %s 0" % (sectors, data_raw))
     with BlockDev(dd.path) as bd:
         assert bd.read(0) == block_data(seed, 0)
     assert dd.status()["mode"] == "rw"

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * KUnit tests of the target's copies of data blocks (dedup-data.c): a
+ * copy holds what the bio carried however the bio is cut into segments,
+ * and later changes to the bio's pages do not reach it.
+ */
+#include <kunit/test.h>
+#include <linux/bio.h>
+#include <linux/highmem.h>
+
+#include "dedup-data.h"
+#include "dedup-format.h"
+
+/*
+ * A bio over @data, one 4 KiB block, cut into @nr_segs segments of
+ * unequal length, from two separate buffers.
+ */
+struct dd_test_bio {
+	struct bio bio;
+	struct bio_vec bvec[3];
+	u8 *first;
+	u8 *second;
+};
+
+static struct dd_test_bio *dd_test_bio(struct kunit *test, const u8 *data,
+				       unsigned int nr_segs)
+{
+	static const unsigned int cut[3][3] = {
+		{ 4096 }, { 512, 3584 }, { 1, 2047, 2048 },
+	};
+	struct dd_test_bio *tb = kunit_kzalloc(test, sizeof(*tb), GFP_KERNEL);
+	u8 *buf = kunit_kmalloc(test, 2 * DD_BLOCK_SIZE, GFP_KERNEL);
+	unsigned int i, off = 0;
+
+	KUNIT_ASSERT_NOT_NULL(test, tb);
+	KUNIT_ASSERT_NOT_NULL(test, buf);
+	KUNIT_ASSERT_TRUE(test, nr_segs >= 1 && nr_segs <= 3);
+	/* each segment lives at its own offset of a page of its own */
+	tb->first = buf;
+	memcpy(tb->first, data, DD_BLOCK_SIZE);
+	tb->second = buf + DD_BLOCK_SIZE;
+	memcpy(tb->second, data, DD_BLOCK_SIZE);
+	bio_init(&tb->bio, NULL, tb->bvec, ARRAY_SIZE(tb->bvec), REQ_OP_WRITE);
+	for (i = 0; i < nr_segs; i++) {
+		u8 *p = (i % 2 ? tb->second : tb->first) + off;
+
+		__bio_add_page(&tb->bio, virt_to_page(p), cut[nr_segs - 1][i],
+			       offset_in_page(p));
+		off += cut[nr_segs - 1][i];
+	}
+	KUNIT_ASSERT_EQ(test, tb->bio.bi_iter.bi_size, DD_BLOCK_SIZE);
+	return tb;
+}
+
+static struct dd_data_pool *dd_test_pool(struct kunit *test)
+{
+	struct dd_data_pool *pool = kunit_kzalloc(test, sizeof(*pool),
+						  GFP_KERNEL);
+
+	KUNIT_ASSERT_NOT_NULL(test, pool);
+	KUNIT_ASSERT_EQ(test, dd_data_pool_init(pool, 2), 0);
+	return pool;
+}
+
+static void dd_test_expect_page(struct kunit *test, struct page *page,
+				const u8 *want, unsigned int segs)
+{
+	u8 *p = kmap_local_page(page);
+
+	KUNIT_EXPECT_MEMEQ_MSG(test, p, want, DD_BLOCK_SIZE, "%u segments",
+			       segs);
+	kunmap_local(p);
+}
+
+/* The copy is the block, whatever the segments, and stays what it was. */
+static void dd_data_test_copy(struct kunit *test)
+{
+	struct dd_data_pool *pool = dd_test_pool(test);
+	u8 *data = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	struct dd_test_bio *tb;
+	unsigned int segs, i;
+	struct page *copy;
+
+	KUNIT_ASSERT_NOT_NULL(test, data);
+	for (i = 0; i < DD_BLOCK_SIZE; i++)
+		data[i] = i * 13 + (i >> 8);
+	for (segs = 1; segs <= 3; segs++) {
+		tb = dd_test_bio(test, data, segs);
+		copy = dd_data_copy(pool, &tb->bio);
+		KUNIT_ASSERT_NOT_NULL(test, copy);
+		dd_test_expect_page(test, copy, data, segs);
+		/* the submitter changes its buffers after the copy */
+		memset(tb->first, 0x5a, DD_BLOCK_SIZE);
+		memset(tb->second, 0xa5, DD_BLOCK_SIZE);
+		dd_test_expect_page(test, copy, data, segs);
+		dd_data_put(pool, copy);
+	}
+	dd_data_pool_exit(pool);
+}
+
+static void dd_data_test_zero(struct kunit *test)
+{
+	static const unsigned int where[] = { 0, 511, 512, 2047, 2048, 4095 };
+	struct dd_data_pool *pool = dd_test_pool(test);
+	u8 *data = kunit_kzalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	struct page *copy;
+	unsigned int segs, i;
+
+	KUNIT_ASSERT_NOT_NULL(test, data);
+	for (segs = 1; segs <= 3; segs++) {
+		copy = dd_data_copy(pool, &dd_test_bio(test, data, segs)->bio);
+		KUNIT_EXPECT_TRUE(test, dd_data_is_zero(copy));
+		dd_data_put(pool, copy);
+	}
+	for (i = 0; i < ARRAY_SIZE(where); i++) {
+		data[where[i]] = 0x01;
+		for (segs = 1; segs <= 3; segs++) {
+			copy = dd_data_copy(pool,
+					    &dd_test_bio(test, data, segs)->bio);
+			KUNIT_EXPECT_FALSE_MSG(test, dd_data_is_zero(copy),
+					       "byte %u, %u segments", where[i],
+					       segs);
+			dd_data_put(pool, copy);
+		}
+		data[where[i]] = 0;
+	}
+	dd_data_pool_exit(pool);
+}
+
+static void dd_data_test_equal(struct kunit *test)
+{
+	struct dd_data_pool *pool = dd_test_pool(test);
+	u8 *data = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	struct page *a, *b;
+
+	KUNIT_ASSERT_NOT_NULL(test, data);
+	memset(data, 0x77, DD_BLOCK_SIZE);
+	a = dd_data_copy(pool, &dd_test_bio(test, data, 1)->bio);
+	b = dd_data_copy(pool, &dd_test_bio(test, data, 3)->bio);
+	KUNIT_EXPECT_TRUE(test, dd_data_equal(a, b));
+	dd_data_put(pool, b);
+	data[DD_BLOCK_SIZE - 1] ^= 0x80;
+	b = dd_data_copy(pool, &dd_test_bio(test, data, 2)->bio);
+	KUNIT_EXPECT_FALSE(test, dd_data_equal(a, b));
+	dd_data_put(pool, b);
+	dd_data_put(pool, a);
+	dd_data_pool_exit(pool);
+}
+
+static struct kunit_case dd_data_cases[] = {
+	KUNIT_CASE(dd_data_test_copy),
+	KUNIT_CASE(dd_data_test_zero),
+	KUNIT_CASE(dd_data_test_equal),
+	{}
+};
+
+static struct kunit_suite dd_data_suite = {
+	.name = "dm_dedup_data",
+	.test_cases = dd_data_cases,
+};
+
+kunit_test_suite(dd_data_suite);

@@ -1,0 +1,254 @@
+"""The fingerprint describes the bytes stored (issue 12, review A1).
+
+A writer may change its pages while its write is in flight: an O_DIRECT
+or io_uring buffer belongs to the user, and without stable writes a page
+under writeback may be stored to through mmap. The target must hash and
+store the same bytes, or a block ends up holding A' under the fingerprint
+of A, and every later write of A anywhere is mapped onto A': silent
+corruption of somebody else's data.
+
+Both tests use the default table (SHA-256, no `verify`, which would hide
+the hole by comparing bytes), and the helper tests/guest/helpers/racewrite.c
+(built here with gcc) for the racing threads. After each test,
+`dedup check --data` rehashes every live data block against its record.
+"""
+
+import hashlib
+import os
+
+import pytest
+
+import ddlib
+from ddlib import run
+
+HELPER_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "helpers", "racewrite.c")
+DIRECT_ROUNDS = 1500
+MMAP_PAGES = 512
+MMAP_SECONDS = 20
+
+
+@pytest.fixture(scope="module")
+def racewrite():
+    out = os.path.join(ddlib.TMPFS, "racewrite")
+    run(["gcc", "-O2", "-Wall", "-Werror", "-pthread", "-o", out, HELPER_SRC])
+    return out
+
+
+def check_data(d):
+    """Offline: every live data block hashes to its fingerprint record."""
+    p = run([ddlib.DEDUP_BIN, "check", d.meta, "--data", d.data], check=False)
+    assert p.returncode == 0, "dedup check --data exit %d:\n%s%s" % (
+        p.returncode, p.stdout[-3000:], p.stderr[-2000:])
+    assert "fingerprint_mismatch" not in p.stdout
+
+
+def test_odirect_buffer_changed_during_write(make_dedup, racewrite, seed):
+    """Round r: block 3r is written with O_DIRECT while another thread flips
+    the buffer between A and B; then A and B are written normally to 3r+1 and
+    3r+2. Both must read back exactly, and 3r only A's or B's bytes."""
+    d = make_dedup(meta_mib=16, data_mib=64, logical_mib=64)
+    st0 = d.status()
+    p = run([racewrite, "direct", d.path, str(DIRECT_ROUNDS), str(seed)],
+            check=False, timeout=1200)
+    ddlib.report("integrity: " + p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 0, "data read back wrong:\n%s%s" % (
+        p.stdout[-4000:], p.stderr)
+    st = d.status()
+    # Every normally written block is new content of its own or a duplicate
+    # of the raced block: the writes really went through the dedup path.
+    written = sum(st[k] - st0[k] for k in ("unique_writes", "duplicate_writes"))
+    assert written >= 3 * DIRECT_ROUNDS
+    d.remove()
+    check_data(d)
+
+
+@pytest.mark.parametrize("fstype", ["ext4", "xfs"])
+def test_mmap_stores_under_writeback(make_dedup, backing, racewrite, seed, fstype):
+    """Whole-page stores into a shared mapping while another thread keeps
+    calling fdatasync: pages change under writeback (no stable writes). The
+    16 patterns make most pages duplicates, so a block stored under another
+    content's fingerprint would be shared by later writes of that content.
+    After a remount every page must hold the pattern stored last."""
+    # XFS refuses filesystems under 300 MB
+    d = make_dedup(meta_mib=16, data_mib=128, logical_mib=512)
+    mkfs = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"]}[fstype]
+    run(mkfs + [d.path], timeout=600)
+    mnt = "/tmp/dd-mnt-integrity"
+    os.makedirs(mnt, exist_ok=True)
+    run(["mount", "-t", fstype, d.path, mnt])
+    backing.mounts.append(mnt)
+    f = os.path.join(mnt, "mapped")
+    last = os.path.join(ddlib.TMPFS, "racewrite-last")
+    p = run([racewrite, "mmap", f, str(MMAP_PAGES), str(MMAP_SECONDS), str(seed), last],
+            timeout=600)
+    ddlib.report("integrity %s: %s" % (fstype, p.stdout.strip()))
+    run(["umount", mnt])
+    run(["mount", "-t", fstype, d.path, mnt])
+    p = run([racewrite, "mmap-verify", f, str(MMAP_PAGES), str(seed), last], check=False)
+    assert p.returncode == 0, "pages read back wrong after remount:\n%s%s" % (
+        p.stdout[-4000:], p.stderr)
+    st = d.status()
+    assert st["duplicate_writes"] > 0, "the patterns never deduplicated: %s" % st
+    run(["umount", mnt])
+    d.remove()
+    check_data(d)
+
+
+# ---------------------------------------------------------------------------
+# no stale metadata after errors or reloads (issue 12, review A2 and A7)
+# ---------------------------------------------------------------------------
+def file_digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed):
+    """A flush of the data device fails during a commit. The target must roll
+    back to the last commit (reads show it, as Documentation/dm-dedup.rst
+    promises), and keep nothing of the dead transaction to write later: after
+    a reload the old table's destructor runs while the new table already owns
+    the metadata, and a stray write there would land on blocks the new table
+    may have allocated. The new table here is read_only, so any change of
+    the metadata device across the reload came from the old instance."""
+    meta = backing.loop(16, "meta")
+    meta_file = backing.files[-1]
+    data_raw = backing.loop(64, "data")
+    data, sectors = ddlib.dm_linear("ddtidata", data_raw)
+    logical = 128 * ddlib.MIB // 512
+    opts = ["commit_interval", "3600"]
+    dd = ddlib.DedupDev.create("ddtint", meta, data, logical, opts)
+    with ddlib.BlockDev(dd.path) as bd:
+        for lba in range(16):
+            bd.write(lba, ddlib.block_data(seed, lba))
+        bd.fsync()
+        # Duplicates change only metadata: no data write can fail first.
+        for lba in range(16):
+            bd.write(100 + lba, ddlib.block_data(seed, lba))
+        assert dd.status()["duplicate_writes"] == 16
+        ddlib.dm_swap_table("ddtidata", "0 %d flakey %s 0 0 1 1 error_writes" % (sectors, data_raw))
+        with pytest.raises(OSError):
+            bd.fsync()
+        st = dd.status()
+        assert st["mode"] == "ro", st["raw"]
+        for lba in range(16):
+            assert bd.read(lba) == ddlib.block_data(seed, lba), "committed lba %d" % lba
+            assert bd.read(100 + lba) == ddlib.ZERO, \
+                "lba %d shows the rolled-back transaction" % (100 + lba)
+    dd.suspend()
+    before = file_digest(meta_file)
+    run(["dmsetup", "reload", dd.name, "--table",
+         ddlib.table_line(meta, data, logical, opts + ["read_only"])])
+    dd.resume()
+    after = file_digest(meta_file)
+    assert before == after, "the replaced table wrote to the metadata after the reload"
+    dd.remove()
+    ddlib.dm_swap_table("ddtidata", "0 %d linear %s 0" % (sectors, data_raw))
+    dd.activate()
+    st = dd.status()
+    assert st["mode"] == "rw" and st["mapped"] == 16, st["raw"]
+    with ddlib.BlockDev(dd.path) as bd:
+        bd.write(200, ddlib.block_data(seed, 200))
+        bd.fsync()
+        assert bd.read(200) == ddlib.block_data(seed, 200)
+    dd.remove()
+    run(["dmsetup", "remove", "ddtidata"])
+
+
+# ---------------------------------------------------------------------------
+# a weak hash with verify tries every candidate (issue 12, review A6)
+# ---------------------------------------------------------------------------
+def _crc32c_table():
+    t = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    t = CRC32C_TABLE
+    for b in data:
+        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def crc32c_collision(block, tweak, at=2048):
+    """Another 4 KiB block with the CRC-32C of `block`: `tweak` is XORed into
+    its first bytes, then 32 bits at byte `at` are solved for. For equal
+    lengths a CRC is affine, L(x) = crc(x) ^ crc(0) is linear, and the 32
+    bits' images form a basis, so Gaussian elimination over GF(2) finds
+    the bits that cancel L(tweak)."""
+    zero = crc32c(bytes(len(block)))
+
+    def lin(delta):
+        return crc32c(delta) ^ zero
+
+    def bit(i):
+        d = bytearray(len(block))
+        d[at + i // 8] = 1 << (i % 8)
+        return lin(bytes(d))
+
+    d = bytearray(len(block))
+    d[:len(tweak)] = tweak
+    target = lin(bytes(d))
+    # rows: (image, mask of the bits that make it)
+    rows = [(bit(i), 1 << i) for i in range(32)]
+    basis = {}
+    for img, mask in rows:
+        for p in sorted(basis, reverse=True):
+            if img >> p & 1:
+                img ^= basis[p][0]
+                mask ^= basis[p][1]
+        if img:
+            basis[img.bit_length() - 1] = (img, mask)
+    assert len(basis) == 32, "the chosen bits do not span the CRC"
+    sol = 0
+    for p in sorted(basis, reverse=True):
+        if target >> p & 1:
+            target ^= basis[p][0]
+            sol ^= basis[p][1]
+    assert target == 0
+    out = bytearray(block)
+    for i, t in enumerate(tweak):
+        out[i] ^= t
+    for i in range(32):
+        if sol >> i & 1:
+            out[at + i // 8] ^= 1 << (i % 8)
+    out = bytes(out)
+    assert out != block and crc32c(out) == crc32c(block)
+    return out
+
+
+def test_verify_tries_every_candidate(make_dedup, seed):
+    """Three different blocks with one CRC-32C: the index offers all three
+    for each. Writing each again must find its own copy, not stop at the
+    first candidate that differs and store yet another copy."""
+    d = make_dedup(opts=["hash", "crc32c", "verify"])
+    x = [ddlib.block_data(seed, 1)]
+    x.append(crc32c_collision(x[0], b"\x01"))
+    x.append(crc32c_collision(x[0], b"\x02\x03"))
+    with ddlib.BlockDev(d.path) as bd:
+        for i, b in enumerate(x):
+            bd.write(i, b)
+        bd.fsync()
+        st0 = d.status()
+        assert st0["unique_writes"] == 3, st0["raw"]
+        for i, b in enumerate(x):
+            bd.write(10 + i, b)
+        bd.fsync()
+        st = d.status()
+        assert st["duplicate_writes"] - st0["duplicate_writes"] == 3, st["raw"]
+        assert st["unique_writes"] == 3, st["raw"]
+        for i, b in enumerate(x):
+            assert bd.read(i) == b and bd.read(10 + i) == b, "lba %d" % i
+    d.remove()
