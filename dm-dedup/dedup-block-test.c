@@ -7,6 +7,7 @@
  * kernel and the tools no longer read the same format.
  */
 #include <kunit/test.h>
+#include <linux/dm-bufio.h>
 #include <linux/stddef.h>
 
 #include "dedup-block.h"
@@ -199,7 +200,9 @@ static void dd_block_test_write_read(struct kunit *test)
 	for (i = 0; i < DD_PAYLOAD_SIZE; i++)
 		KUNIT_ASSERT_EQ(test, raw[DD_HEADER_SIZE + i], i % 251);
 
+	/* reopened, as activation does: the next transaction runs */
 	bm = dd_test_bm_create(test, bdev, 16);
+	bm->txn = 6;
 	KUNIT_ASSERT_EQ(test, dd_bm_read(bm, 2, &dd_leaf2, &blk), 0);
 	KUNIT_EXPECT_MEMEQ(test, blk.data, raw, DD_BLOCK_SIZE);
 	dd_bm_release(&blk);
@@ -234,7 +237,8 @@ static void dd_block_test_read_validation(struct kunit *test)
 	dd_test_flip_bit(test, bdev, 3, 1000, 6);
 
 	bm = dd_test_bm_create(test, bdev, 16);
-	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, 2, &dd_leaf2, &blk), 0);
+	bm->txn = 2;
+	KUNIT_ASSERT_EQ(test, dd_bm_read(bm, 2, &dd_leaf2, &blk), 0);
 	dd_bm_release(&blk);
 	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, 2, &interior, &blk), -EILSEQ);
 	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, 2, &other_array, &blk), -EILSEQ);
@@ -266,6 +270,7 @@ static void dd_block_test_read_cached(struct kunit *test)
 	dd_test_bm_destroy(test, bm);
 
 	bm = dd_test_bm_create(test, bdev, 16);
+	bm->txn = 2;
 	KUNIT_EXPECT_EQ(test, dd_bm_read_cached(bm, 2, &dd_leaf2, &blk),
 			-EWOULDBLOCK);
 	KUNIT_ASSERT_EQ(test, dd_bm_read(bm, 2, &dd_leaf2, &blk), 0);
@@ -372,6 +377,92 @@ static void dd_block_test_no_reuse_before_commit(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, bm->space.nr_pending, 0);
 }
 
+/*
+ * Whether a block changes in place is decided by what this transaction
+ * allocated, not by the block's header; a committed block that claims the
+ * running transaction (damage, an older superblock slot, a bad restore)
+ * is refused instead of being changed under the commit that holds it.
+ */
+static void dd_block_test_txn_from_ram(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_bm *bm = dd_test_bm_create(test, bdev, 16);
+	u8 *raw = dd_test_block(test);
+	struct dd_block blk;
+
+	bm->txn = 1;
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	dd_bm_release_dirty(&blk);
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	dd_bm_release_dirty(&blk);
+	dd_test_bm_commit(test, bm);
+	dd_test_bm_destroy(test, bm);
+
+	/* block 3 now claims transaction 2, the one about to run */
+	dd_test_read_block(test, bdev, 3, raw);
+	((struct dd_block_header *)raw)->txn = cpu_to_le64(2);
+	((struct dd_block_header *)raw)->csum = cpu_to_le32(dd_block_csum(raw));
+	dd_test_write_block(test, bdev, 3, raw);
+
+	bm = dd_test_bm_create(test, bdev, 16);
+	bm->txn = 2;
+	dd_space_mark_used(&bm->space, 2);
+	dd_space_mark_used(&bm->space, 3);
+	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, 3, &dd_leaf2, &blk), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_bm_shadow(bm, 3, &dd_leaf2, &blk), -EILSEQ);
+	/* an honest committed block is copied, its copy then changed in place */
+	KUNIT_ASSERT_EQ(test, dd_bm_shadow(bm, 2, &dd_leaf2, &blk), 0);
+	KUNIT_EXPECT_EQ(test, blk.nr, 4);
+	dd_bm_release_dirty(&blk);
+	KUNIT_ASSERT_EQ(test, dd_bm_shadow(bm, 4, &dd_leaf2, &blk), 0);
+	KUNIT_EXPECT_EQ(test, blk.nr, 4);
+	dd_bm_release_dirty(&blk);
+	/* after the commit, the copy is committed too and is copied again */
+	dd_test_bm_commit(test, bm);
+	KUNIT_ASSERT_EQ(test, dd_bm_shadow(bm, 4, &dd_leaf2, &blk), 0);
+	KUNIT_EXPECT_NE(test, blk.nr, 4);
+	dd_bm_release_dirty(&blk);
+}
+
+/*
+ * A block of the running transaction whose write was lost (dm-bufio drops
+ * a buffer whose background write failed) reads back what the location
+ * held before: a valid, older block. It is refused, never served.
+ */
+static void dd_block_test_lost_write(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_bm *bm = dd_test_bm_create(test, bdev, 16);
+	u8 *old = dd_test_block(test);
+	struct dd_block_header *h = (void *)old;
+	struct dd_block blk;
+	u64 nr;
+
+	bm->txn = 1;
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	dd_bm_release_dirty(&blk);
+	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
+	dd_test_read_block(test, bdev, 2, old);
+	dd_test_bm_commit(test, bm);
+
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	nr = blk.nr;
+	memset(dd_payload(&blk), 0x5a, DD_PAYLOAD_SIZE);
+	dd_bm_release_dirty(&blk);
+	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
+
+	/*
+	 * The write never reached the disk, which holds what an earlier
+	 * transaction left at that location: checksum and location valid.
+	 */
+	h->blocknr = cpu_to_le64(nr);
+	h->csum = cpu_to_le32(dd_block_csum(old));
+	dd_test_write_block(test, bdev, nr, old);
+	dm_bufio_forget(bm->bufio, nr);
+	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, nr, &dd_leaf2, &blk), -ESTALE);
+	KUNIT_EXPECT_EQ(test, dd_bm_shadow(bm, nr, &dd_leaf2, &blk), -ESTALE);
+}
+
 /* Generation g goes to slot g % 2, as a full 4 KiB block. */
 static void dd_block_test_super_slots(struct kunit *test)
 {
@@ -424,6 +515,8 @@ static struct kunit_case dd_block_cases[] = {
 	KUNIT_CASE(dd_block_test_read_cached),
 	KUNIT_CASE(dd_block_test_shadow),
 	KUNIT_CASE(dd_block_test_no_reuse_before_commit),
+	KUNIT_CASE(dd_block_test_txn_from_ram),
+	KUNIT_CASE(dd_block_test_lost_write),
 	KUNIT_CASE(dd_block_test_super_slots),
 	{}
 };

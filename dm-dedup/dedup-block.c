@@ -4,6 +4,7 @@
  */
 #define DM_MSG_PREFIX "dedup"
 
+#include <linux/bitmap.h>
 #include <linux/crc32c.h>
 #include <linux/device-mapper.h>
 #include <linux/dm-bufio.h>
@@ -70,11 +71,17 @@ int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
 		return r;
 	}
 	r = dd_space_init(&bm->space, nr_blocks, DD_FIRST_TREE_BLOCK);
-	if (r) {
+	bm->fresh = kvcalloc(BITS_TO_LONGS(nr_blocks), sizeof(unsigned long),
+			     GFP_KERNEL);
+	if (r || !bm->fresh) {
+		if (!r)
+			dd_space_exit(&bm->space);
+		kvfree(bm->fresh);
 		dm_bufio_client_destroy(bm->bufio);
 		kfree(bm);
-		return r;
+		return r ? r : -ENOMEM;
 	}
+	bm->fresh_lo = U64_MAX;
 	bm->nr_blocks = nr_blocks;
 	*bmp = bm;
 	return 0;
@@ -84,7 +91,37 @@ void dd_bm_destroy(struct dd_bm *bm)
 {
 	dm_bufio_client_destroy(bm->bufio);
 	dd_space_exit(&bm->space);
+	kvfree(bm->fresh);
 	kfree(bm);
+}
+
+static bool dd_is_fresh(const struct dd_bm *bm, u64 nr)
+{
+	return nr < bm->nr_blocks && test_bit(nr, bm->fresh);
+}
+
+static void dd_mark_fresh(struct dd_bm *bm, u64 nr)
+{
+	__set_bit(nr, bm->fresh);
+	bm->fresh_lo = min(bm->fresh_lo, nr);
+	bm->fresh_hi = max(bm->fresh_hi, nr + 1);
+}
+
+/* The next-fit allocator keeps the range short: clear only that. */
+static void dd_forget_fresh(struct dd_bm *bm)
+{
+	if (bm->fresh_lo < bm->fresh_hi)
+		bitmap_clear(bm->fresh, bm->fresh_lo,
+			     bm->fresh_hi - bm->fresh_lo);
+	bm->fresh_lo = U64_MAX;
+	bm->fresh_hi = 0;
+}
+
+/* The running transaction committed: its blocks are now the committed ones. */
+void dd_bm_next_txn(struct dd_bm *bm)
+{
+	dd_forget_fresh(bm);
+	bm->txn++;
 }
 
 static void dd_set_block(struct dd_block *blk, struct dm_buffer *buf,
@@ -95,10 +132,37 @@ static void dd_set_block(struct dd_block *blk, struct dm_buffer *buf,
 	blk->nr = nr;
 }
 
-static int dd_validate(struct dd_block *blk, const struct dd_block_kind *kind)
+/*
+ * A block the running transaction wrote carries its id; any other block
+ * must be older. A fresh block that reads back an older id lost its write:
+ * dm-bufio drops a buffer whose background write failed, and the next
+ * read returns what the location held before, checksum and location
+ * intact. Serving that would remap reads through stale entries.
+ */
+static int dd_check_txn(const struct dd_bm *bm, const struct dd_block *blk)
+{
+	u64 txn = le64_to_cpu(dd_hdr(blk)->txn);
+
+	if (dd_is_fresh(bm, blk->nr)) {
+		if (txn == bm->txn)
+			return 0;
+		DMERR_LIMIT("metadata block %llu: write lost (transaction %llu, reads %llu)",
+			    blk->nr, bm->txn, txn);
+		return -ESTALE;
+	}
+	if (txn < bm->txn)
+		return 0;
+	DMERR_LIMIT("metadata block %llu: transaction %llu, not older than the running %llu",
+		    blk->nr, txn, bm->txn);
+	return -EILSEQ;
+}
+
+static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
+		       const struct dd_block_kind *kind)
 {
 	struct dd_aux *aux = dm_bufio_get_aux_data(blk->buf);
 	const struct dd_block_header *h = blk->data;
+	int r;
 
 	if (!aux->validated) {
 		if (!dd_block_csum_ok(h)) {
@@ -111,6 +175,9 @@ static int dd_validate(struct dd_block *blk, const struct dd_block_kind *kind)
 				    blk->nr, le64_to_cpu(h->blocknr));
 			return -EILSEQ;
 		}
+		r = dd_check_txn(bm, blk);
+		if (r)
+			return r;
 		aux->validated = true;
 	}
 	if (le32_to_cpu(h->type) != kind->type || h->array != kind->array ||
@@ -155,7 +222,7 @@ int dd_bm_read(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
 	r = dd_bm_read_raw(bm, nr, blk);
 	if (r)
 		return r;
-	r = dd_validate(blk, kind);
+	r = dd_validate(bm, blk, kind);
 	if (r)
 		dd_bm_release(blk);
 	return r;
@@ -178,7 +245,7 @@ int dd_bm_read_cached(struct dd_bm *bm, u64 nr,
 	if (!data)
 		return -EWOULDBLOCK;
 	dd_set_block(blk, buf, data, nr);
-	r = dd_validate(blk, kind);
+	r = dd_validate(bm, blk, kind);
 	if (r)
 		dd_bm_release(blk);
 	return r;
@@ -217,6 +284,7 @@ static int dd_bm_get_new(struct dd_bm *bm, struct dd_block *blk)
 		dd_space_free_now(&bm->space, nr);
 		return PTR_ERR(data);
 	}
+	dd_mark_fresh(bm, nr);
 	dd_set_block(blk, buf, data, nr);
 	return 0;
 }
@@ -251,7 +319,7 @@ int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
 	r = dd_bm_read(bm, nr, kind, &old);
 	if (r)
 		return r;
-	if (le64_to_cpu(dd_hdr(&old)->txn) == bm->txn) {
+	if (dd_is_fresh(bm, nr)) {
 		*blk = old;
 		return 0;
 	}
@@ -290,12 +358,11 @@ void dd_bm_release_dirty(struct dd_block *blk)
 	dd_bm_release(blk);
 }
 
-/* Every block changed by the transaction reaches stable storage. */
 /*
  * After an abort: no dirty block may outlive this call. dm-bufio can only
  * write dirty buffers, not forget them, so write them; they land on blocks
  * that are free in the committed state, as after a crash. A failed write
- * leaves the buffer clean too.
+ * leaves the buffer clean too. The dead transaction's blocks are nobody's.
  */
 void dd_bm_settle(struct dd_bm *bm)
 {
@@ -304,7 +371,10 @@ void dd_bm_settle(struct dd_bm *bm)
 	if (r)
 		DMWARN_LIMIT("aborted transaction: write-out failed: %d (its blocks are free)",
 			     r);
+	dd_forget_fresh(bm);
 }
+
+/* Every block changed by the transaction reaches stable storage. */
 
 int dd_bm_write_all(struct dd_bm *bm)
 {

@@ -21,6 +21,14 @@ struct dd_bm {
 	struct dd_space space;		/* which metadata blocks are in use */
 	u64 nr_blocks;
 	u64 txn;			/* id of the running transaction */
+	/*
+	 * Blocks the running transaction allocated: only these may change
+	 * in place, and only these may carry its id. Kept here rather than
+	 * trusted from a block's header, which may be stale or damaged.
+	 * Bits outside [fresh_lo, fresh_hi) are clear.
+	 */
+	unsigned long *fresh;
+	u64 fresh_lo, fresh_hi;
 };
 
 /* A metadata block held in the cache. */
@@ -54,6 +62,7 @@ void dd_bm_release(struct dd_block *blk);
 void dd_bm_release_dirty(struct dd_block *blk);
 
 int dd_bm_write_all(struct dd_bm *bm);
+void dd_bm_next_txn(struct dd_bm *bm);
 void dd_bm_settle(struct dd_bm *bm);
 int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb);
 

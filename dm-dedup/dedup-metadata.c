@@ -634,7 +634,7 @@ int dd_md_commit(struct dd_metadata *md)
 		return r;
 	}
 	md->sb = sb;
-	md->bm->txn++;
+	dd_bm_next_txn(md->bm);
 	md->dirty = false;
 	dd_space_commit(&md->bm->space, NULL, NULL);
 	dd_space_commit(&md->data, md->cfg.on_reusable, md->cfg.ctx);

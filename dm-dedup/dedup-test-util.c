@@ -119,7 +119,7 @@ void dd_test_bm_destroy(struct kunit *test, struct dd_bm *bm)
 void dd_test_bm_commit(struct kunit *test, struct dd_bm *bm)
 {
 	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
-	bm->txn++;
+	dd_bm_next_txn(bm);
 	dd_space_commit(&bm->space, NULL, NULL);
 }
 

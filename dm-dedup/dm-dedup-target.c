@@ -293,7 +293,8 @@ static void dd_commit_work(struct work_struct *w)
 }
 
 /*
- * A read found the metadata damaged while holding the lock shared: roll
+ * A read found the metadata damaged, or a block of the running transaction
+ * that lost its write, while holding the lock shared: roll
  * back to the last commit as every other metadata error does, so reads
  * show exactly that commit and nothing of the dead transaction stays dirty.
  */
@@ -417,8 +418,9 @@ static int dd_read_lookup(struct dedup_c *dc, struct dd_io *io, bool nowait)
 		return DM_MAPIO_SUBMITTED;
 	}
 	if (r) {
-		if (r == -EILSEQ) {
-			dd_degrade(dc, DD_MODE_NEEDS_CHECK, "map lookup", r);
+		/* Damage, or a metadata write lost in the background. */
+		if (r == -EILSEQ || r == -ESTALE) {
+			dd_degrade(dc, dd_error_mode(r), "map lookup", r);
 			queue_work(dc->commit_wq, &dc->abort_work);
 		}
 		dd_endio(bio, BLK_STS_IOERR);
