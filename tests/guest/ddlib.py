@@ -21,6 +21,7 @@ REPO = os.environ.get("DEDUP_REPO") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
 DEDUP_KO = os.environ.get("DEDUP_KO") or os.path.join(REPO, "dm-dedup", "dm-dedup.ko")
 METADATA_CHECKS = 0           # metadata devices checked clean so far
+DATA_CHECKS = 0               # of those, checked with their data device
 DEDUP_BIN = os.environ.get("DEDUP_BIN") or os.path.join(REPO, "tools", "target", "debug", "dedup")
 TMPFS = os.environ.get("DEDUP_TMPFS", "/tmp/dd-tmpfs")
 NAME_PREFIX = "ddt"            # every dm device the suite creates starts with this
@@ -371,6 +372,7 @@ class Backing:
         self.mounts = []
         self._n = 0
         self.checked = 0
+        self.data_checked = 0
 
     def loop(self, size_mib, name=None, read_only=False):
         """A zero-filled (sparse) loop device of size_mib MiB; returns its
@@ -418,23 +420,40 @@ class Backing:
                     break
                 time.sleep(0.1)
 
+    def data_loop_for(self, i):
+        """The data device made for the metadata device self.loops[i]: the
+        next loop over a file named data*, before the next meta* one."""
+        for f, dev in zip(self.files[i + 1:], self.loops[i + 1:]):
+            name = os.path.basename(f)
+            if name.startswith("meta"):
+                return None
+            if name.startswith("data"):
+                return dev
+        return None
+
     def check_metadata(self):
         """The offline checker is the oracle: every metadata device a test
-        leaves behind (a loop over a file named meta*) must check clean.
-        A never-formatted one (both superblock slots zero) is fine."""
+        leaves behind (a loop over a file named meta*) must check clean,
+        and with its data device (the next data* loop) every live data
+        block must hash to its fingerprint record. A never-formatted one
+        (both superblock slots zero) is fine."""
         errors = []
-        for f, dev in zip(self.files, self.loops):
+        for i, (f, dev) in enumerate(zip(self.files, self.loops)):
             if not os.path.basename(f).startswith("meta"):
                 continue
-            p = run([DEDUP_BIN, "check", dev], check=False)
+            data = self.data_loop_for(i)
+            p = run([DEDUP_BIN, "check", dev] + (["--data", data] if data else []),
+                    check=False)
             if p.returncode == 8 and "not formatted" in p.stderr:
                 continue
             if p.returncode != 0:
                 errors.append("dedup check %s (%s) exit %d:\n%s%s" % (
                     dev, os.path.basename(f), p.returncode, p.stdout, p.stderr))
             self.checked += 1
-        global METADATA_CHECKS
+            self.data_checked += bool(data)
+        global METADATA_CHECKS, DATA_CHECKS
         METADATA_CHECKS += self.checked
+        DATA_CHECKS += self.data_checked
         return errors
 
     def cleanup(self):
