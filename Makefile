@@ -17,7 +17,7 @@ MOD_DIR := $(CURDIR)/dm-dedup
 CHECKPATCH ?= $(firstword $(wildcard /usr/src/linux-source-6.12/scripts/checkpatch.pl) \
 		$(KDIR)/scripts/checkpatch.pl)
 
-.PHONY: all module static w1 sparse checkpatch kunit test torture demo bench install clean
+.PHONY: all module static w1 sparse checkpatch kunit test torture demo bench fresh-check install clean
 
 all: module
 
@@ -55,6 +55,9 @@ demo:
 
 bench:
 	scripts/bench.sh
+
+fresh-check:
+	scripts/fresh-check.sh
 
 install: module
 	$(MAKE) -C $(KDIR) M=$(MOD_DIR) INSTALL_MOD_DIR=updates modules_install

@@ -7,7 +7,8 @@
 #     from the machine's own /etc/apt/sources.list.d/debian.sources (or
 #     /etc/apt/sources.list); no mirror name is written into this repository
 #   - the guest kernel and headers (linux-image/linux-headers-6.12-amd64)
-#   - build and test tools (build-essential, sparse, fio, xfsprogs, ...)
+#   - build and test tools (build-essential, sparse, fio, xfsprogs, ...) and
+#     what virtme-ng needs for the guest's initramfs (busybox-static, file)
 #   - qemu-system-x86 from bookworm-backports (QEMU 10: sha_ni under TCG)
 #   - virtme-ng (command `vng`) from PyPI, for the python first on PATH
 #
@@ -90,9 +91,12 @@ else
 fi
 
 # --- 2. Debian packages from bookworm ------------------------------------------
+# busybox-static and file: virtme-ng builds the guest's initramfs around a
+# static busybox and checks that it is static with file(1).  procps: pgrep in
+# guest-run.sh.  A bare Debian 12 has none of the three (scripts/fresh-check.sh).
 PKGS=(linux-image-6.12-amd64 linux-headers-6.12-amd64 build-essential sparse fio
       xfsprogs e2fsprogs dmsetup python3-pytest kmod udev rsync util-linux
-      dkms linux-source-6.12 xz-utils flex bison bc)
+      dkms linux-source-6.12 xz-utils flex bison bc busybox-static file procps)
 missing=()
 for p in "${PKGS[@]}"; do is_installed "$p" || missing+=("$p"); done
 if [ "${#missing[@]}" = 0 ]; then

@@ -289,7 +289,7 @@ def fio(dev, **opts):
 
 def data_opts(dup_percent, seed):
     # refill_buffers + scramble_buffers=0: every buffer is fresh random data
-    # unless fio makes it a duplicate on purpose (testing.md pitfalls).
+    # unless fio makes it a duplicate on purpose (tests/README.md, "Pitfalls").
     o = {"refill_buffers": 1, "scramble_buffers": 0, "randseed": seed}
     if dup_percent:
         o["dedupe_percentage"] = dup_percent

@@ -1,4 +1,4 @@
-"""Malformed table lines and messages from a generated list (testing.md:
+"""Malformed table lines and messages from a generated list (tests/README.md, "Test levels" 4:
 faults; Documentation/dm-dedup.rst "Table line", "Messages").
 
 Each generated table line breaks exactly one rule of the grammar, so it is

@@ -1,4 +1,4 @@
-"""Metadata corruption campaign (testing.md level 5; tools issue: the checker
+"""Metadata corruption campaign (tests/README.md, "Test levels" 5; tools issue: the checker
 names every corrupted block).
 
 A dedup device is filled in two committed steps (states S1 and S2), then

@@ -1,4 +1,4 @@
-"""Crash consistency by log replay (testing.md level 5).
+"""Crash consistency by log replay (tests/README.md, "Test levels" 5).
 
 One loop device carries both the metadata and the data of a dedup device, as
 two dm-linear slices of a dm-log-writes device, so a single log records every

@@ -1,4 +1,4 @@
-"""Power cuts at random moments under load (testing.md level 5).
+"""Power cuts at random moments under load (tests/README.md, "Test levels" 5).
 
 The rig of test_crash.py: metadata and data on memory-backed null_blk disks
 with a volatile cache, dm-linear between them and dm-dedup; a cut swaps the
