@@ -979,6 +979,17 @@ pub fn superblock_rules(sb: &Superblock) -> Vec<(Severity, &'static str, String)
             "generation is 0 (the first commit is generation 1)".into(),
         );
     }
+    if sb.generation() > MAX_TXN {
+        e(
+            "txn_too_large",
+            format!(
+                "generation {} is above {MAX_TXN} (2^64 - 2^32 - 1, DD_MAX_TXN), the highest \
+                 transaction id the kernel accepts: it refuses to activate the device (commits \
+                 from here could wrap the id and make the older slot win)",
+                sb.generation()
+            ),
+        );
+    }
     if sb.mapped_blocks > sb.logical_blocks {
         e(
             "counter_mismatch",

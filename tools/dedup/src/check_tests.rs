@@ -461,6 +461,49 @@ fn superblock_fields() {
 }
 
 #[test]
+fn generation_at_the_limit_is_fine_above_is_an_error() {
+    // Written at exactly DD_MAX_TXN (trees included): the kernel opens it.
+    let mut spec = sample_spec();
+    spec.sb.header.txn = MAX_TXN;
+    let (mut d, _) = build(&spec);
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.superblock.as_ref().unwrap().generation, MAX_TXN);
+
+    // One commit more (to the other slot): the kernel refuses it.
+    edit_sb(&mut d, |sb| sb.header.txn = MAX_TXN + 1);
+    let r = run(&d);
+    assert_eq!(r.superblock.as_ref().unwrap().generation, MAX_TXN + 1);
+    assert_eq!(codes(&r), vec!["txn_too_large"], "{:#?}", r.problems);
+    let p = find(&r, "txn_too_large");
+    assert_eq!(p.severity, Severity::Error);
+    assert_eq!(p.location(), "superblock");
+    assert!(
+        p.message
+            .contains("generation 18446744069414584320 is above 18446744069414584319"),
+        "{}",
+        p.message
+    );
+    assert!(!r.clean());
+
+    // The highest id of all, in a superblock that is otherwise sound.
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| sb.header.txn = u64::MAX);
+    let r = run(&d);
+    assert_eq!(r.superblock.as_ref().unwrap().generation, u64::MAX);
+    assert_eq!(codes(&r), vec!["txn_too_large"], "{:#?}", r.problems);
+
+    // The same rule as restore's validation sees it.
+    let mut sb = sample_spec().sb;
+    sb.header.txn = MAX_TXN;
+    assert!(superblock_rules(&sb).is_empty());
+    sb.header.txn = MAX_TXN + 1;
+    let v = superblock_rules(&sb);
+    assert_eq!(v.len(), 1);
+    assert_eq!((v[0].0, v[0].1), (Severity::Error, "txn_too_large"));
+}
+
+#[test]
 fn table_mismatch() {
     let (d, _) = sample();
     let opts = CheckOptions {

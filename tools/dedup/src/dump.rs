@@ -266,6 +266,16 @@ pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSp
     if gen == 0 {
         bad("generation 0 is invalid (the first commit is generation 1)".into());
     }
+    if gen > MAX_TXN {
+        bad(if generation.is_some() {
+            generation_too_large(gen)
+        } else {
+            format!(
+                "{}; give a lower one with --generation N",
+                generation_too_large(gen)
+            )
+        });
+    }
 
     let mut mappings: Vec<(u64, u64)> = Vec::with_capacity(d.mappings.len());
     let mut refs: HashMap<u64, u64> = HashMap::new();
@@ -378,9 +388,10 @@ pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSp
     sb.duplicate_writes = s.duplicate_writes;
     sb.zero_writes = s.zero_writes;
     sb.discarded_blocks = s.discarded_blocks;
-    // The same rules check applies to a superblock.
-    for (sev, _, msg) in check::superblock_rules(&sb) {
-        if sev == check::Severity::Error {
+    // The same rules check applies to a superblock (the generation was
+    // judged above, with a message that says where it came from).
+    for (sev, code, msg) in check::superblock_rules(&sb) {
+        if sev == check::Severity::Error && code != "txn_too_large" {
             bad(format!("superblock: {msg}"));
         }
     }
@@ -397,6 +408,14 @@ pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSp
         refcounts: blocks.iter().map(|b| (b.0, b.1)).collect(),
         fingerprints: blocks.iter().map(|b| (b.0, b.2)).collect(),
     })
+}
+
+/// Why a generation cannot be written: the kernel refuses it (dd_check_sb).
+fn generation_too_large(gen: u64) -> String {
+    format!(
+        "generation {gen} is above {MAX_TXN} (2^64 - 2^32 - 1, DD_MAX_TXN), the highest \
+         transaction id the kernel accepts"
+    )
 }
 
 /// Write `spec` to `dev` (metadata_blocks = the device size) after the
@@ -460,6 +479,13 @@ pub fn restore_to(
 }
 
 pub fn run_restore(input: &Path, device: &Path, force: bool, generation: Option<u64>) -> i32 {
+    if let Some(g) = generation.filter(|&g| g > MAX_TXN) {
+        eprintln!(
+            "dedup restore: --generation refused: {} (it refuses to activate such a device)",
+            generation_too_large(g)
+        );
+        return EXIT_OPERATIONAL;
+    }
     let parsed = if input == Path::new("-") {
         parse_dump(io::stdin().lock())
     } else {
@@ -518,5 +544,97 @@ pub fn run_restore(input: &Path, device: &Path, force: bool, generation: Option<
             eprintln!("dedup restore: {}: {msg}", device.display());
             code
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDev;
+    use crate::writer::{test_fingerprint, write_image};
+
+    /// A small consistent state of generation 7, dumped and parsed back.
+    fn sample_dump() -> Dump {
+        let (logical, data) = (3000u64, 400u64);
+        let blocks = required_blocks(logical, data) + 4;
+        let mut sb = Superblock::new_formatted(blocks, data, logical, "sha256", 32, 1_700_000_000);
+        sb.header.txn = 7;
+        let maps: Vec<(u64, u64)> = (0..900u64).map(|i| (i * 3, i % 300)).collect();
+        let spec = ImageSpec::consistent(sb, &maps, test_fingerprint);
+        let mut d = MemDev::new(blocks);
+        let (sb, _) = write_image(&mut d, &spec).unwrap();
+        let opts = CheckOptions {
+            collect: true,
+            ..CheckOptions::default()
+        };
+        let (r, c) = check::check(&d, &opts).unwrap();
+        assert!(r.clean());
+        let mut json = Vec::new();
+        write_dump(&mut json, &DumpSuperblock::from_sb(&sb), &c.unwrap()).unwrap();
+        parse_dump(&json[..]).unwrap()
+    }
+
+    fn only_error(r: Result<ImageSpec, Vec<String>>) -> String {
+        let errs = r.unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        errs[0].clone()
+    }
+
+    #[test]
+    fn generation_above_the_limit_is_refused() {
+        let d = sample_dump();
+        // --generation above DD_MAX_TXN: one message, naming the limit.
+        for g in [MAX_TXN + 1, u64::MAX] {
+            let e = only_error(validate(&d, Some(g), 10));
+            assert!(
+                e.contains(&format!("generation {g} is above {MAX_TXN}")),
+                "{e}"
+            );
+            assert!(!e.contains("--generation N"), "{e}");
+        }
+        // The dump's own generation above it: told to give another.
+        let mut big = d.clone();
+        big.superblock.generation = MAX_TXN + 1;
+        let e = only_error(validate(&big, None, 10));
+        assert!(e.contains("is above 18446744069414584319"), "{e}");
+        assert!(e.contains("--generation N"), "{e}");
+        assert_eq!(
+            validate(&big, Some(3), 10).unwrap().sb.generation(),
+            3,
+            "--generation overrides the dump's"
+        );
+    }
+
+    #[test]
+    fn generation_at_the_limit_is_restored() {
+        let d = sample_dump();
+        let spec = validate(&d, Some(MAX_TXN), 10).unwrap();
+        let mut dev = MemDev::new(required_blocks(spec.sb.logical_blocks, spec.sb.data_blocks));
+        let (sb, report) = restore_to(&mut dev, spec, false).unwrap();
+        assert!(report.problems.is_empty(), "{:#?}", report.problems);
+        assert_eq!((sb.generation(), sb.slot()), (MAX_TXN, 1));
+        assert!(is_zero(dev.block(0)));
+    }
+
+    #[test]
+    fn run_restore_refuses_a_generation_above_the_limit() {
+        let dir = std::env::temp_dir().join(format!("dedup-restore-gen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let dump = dir.join("d.json");
+        std::fs::write(&dump, serde_json::to_string(&sample_dump()).unwrap()).unwrap();
+        let dev = dir.join("meta");
+        let before = vec![0x5au8; 64 * BLOCK_SIZE];
+        std::fs::write(&dev, &before).unwrap();
+        assert_eq!(
+            run_restore(&dump, &dev, true, Some(MAX_TXN + 1)),
+            EXIT_OPERATIONAL
+        );
+        assert_eq!(
+            std::fs::read(&dev).unwrap(),
+            before,
+            "nothing may be written"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -72,7 +72,9 @@ enum Command {
 /// the data device; that the refcount of every physical block equals the
 /// number of logical blocks mapped to it; that every live block has a
 /// fingerprint; and that the superblock counters (mapped_blocks,
-/// used_data_blocks) match what the trees hold.
+/// used_data_blocks) match what the trees hold. A superblock whose
+/// generation is above 2^64 - 2^32 - 1 (DD_MAX_TXN) is an error
+/// (txn_too_large): the kernel refuses to activate it.
 ///
 /// With --data, every live block is also read from the data device and
 /// hashed with the superblock's hash, and the result compared with its
@@ -122,9 +124,10 @@ struct CheckArgs {
 /// that check finds clean, repair refuses to run unless --force is given.
 ///
 /// What is salvaged. The superblock the kernel would use gives the sizes,
-/// the hash and the counters (if its fields are impossible, the other valid
-/// slot; if no slot is valid, a damaged one whose fields are sane and whose
-/// roots lead to intact trees). The three arrays are walked from it. A tree
+/// the hash and the counters (if its fields are impossible, a generation
+/// above 2^64 - 2^32 - 1 included, the other valid slot; if no slot is
+/// valid, a damaged one whose fields are sane and whose roots lead to
+/// intact trees). The three arrays are walked from it. A tree
 /// block that fails its checksum, sits at the wrong place, is of the wrong
 /// kind, was written after the last commit, or is claimed by two places of
 /// the trees is not trusted, and neither is anything below it.
@@ -151,8 +154,11 @@ struct CheckArgs {
 ///
 /// How it is written. As a kernel commit: the new trees go to blocks the
 /// old state does not use, then, after a flush, a superblock of a newer
-/// generation goes to the slot the old state is not in. An interrupted
-/// repair leaves the device as it was. The result is checked before the
+/// generation goes to the slot the old state is not in. It is never above
+/// 2^64 - 2^32 - 1 (DD_MAX_TXN): a slot above that limit is the one
+/// overwritten, and when the next generation would pass it (a superblock
+/// already at the limit) repair refuses. An interrupted repair leaves the
+/// device as it was. The result is checked before the
 /// command returns.
 ///
 /// Every change is reported: one line per cause, listing every block it
@@ -175,7 +181,8 @@ EXIT STATUS
         repaired metadata still has errors (e.g. the device is smaller
         than the kernel requires for its sizes)
     8   operational error: cannot open or read a device, not a dm-dedup
-        metadata device, truncated, no usable superblock, device busy,
+        metadata device, truncated, no usable superblock (e.g. the only
+        valid one has a generation above 2^64 - 2^32 - 1), device busy,
         refused because check finds the device clean (no --force), data
         device of the wrong size, hash not computable with --data, write
         failed (the device then opens as before)
@@ -284,7 +291,9 @@ struct DumpArgs {
 /// becomes the size of the target device, which must be large enough for
 /// the dump's sizes. The result is checked before the command returns.
 /// A device that already holds a valid superblock is refused unless
-/// --force is given.
+/// --force is given. A generation above 2^64 - 2^32 - 1 (DD_MAX_TXN, the
+/// highest the kernel accepts), from the dump or --generation, is refused
+/// (exit 8).
 #[derive(Args, Debug)]
 #[command(after_long_help = concat!("EXAMPLES\n    dedup dump /dev/vg/meta -o meta.json\n    dedup restore meta.json /dev/vg/bigger-meta\n\n", exit_codes!()))]
 struct RestoreArgs {
@@ -295,7 +304,8 @@ struct RestoreArgs {
     /// Overwrite a device that holds a valid dm-dedup superblock.
     #[arg(long)]
     force: bool,
-    /// Generation to write instead of the dump's.
+    /// Generation to write instead of the dump's: 1 to 2^64 - 2^32 - 1
+    /// (18446744069414584319).
     #[arg(long, value_name = "N")]
     generation: Option<u64>,
 }

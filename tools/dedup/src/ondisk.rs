@@ -15,6 +15,12 @@ pub const BLOCK_SHIFT: u32 = 12;
 pub const SB_MAGIC: u64 = 0x3130_5055_4445_4444; // "DDEDUP01"
 pub const FORMAT_VERSION: u32 = 1;
 pub const SB_SLOTS: u64 = 2;
+/// DD_MAX_TXN: the highest generation (`hdr.txn`) a superblock may carry,
+/// 2^64 - 2^32 - 1. The kernel refuses a device whose superblock is above
+/// it (dd_check_sb): commits from there on could wrap the id, after which
+/// the older slot would win at the next open. Nothing here writes a
+/// superblock above it; `check` reports one as `txn_too_large`.
+pub const MAX_TXN: u64 = u64::MAX - (1 << 32);
 pub const FIRST_TREE_BLOCK: u64 = SB_SLOTS;
 
 pub const BT_SUPER: u32 = 0x5250_5553; // "SUPR"
@@ -597,6 +603,8 @@ mod tests {
     #[test]
     fn constants_match_the_c_header() {
         assert_eq!(&SB_MAGIC.to_le_bytes(), b"DDEDUP01");
+        assert_eq!(MAX_TXN, 0xffff_fffe_ffff_ffff);
+        assert_eq!(MAX_TXN, 18_446_744_069_414_584_319);
         assert_eq!(&BT_SUPER.to_le_bytes(), b"SUPR");
         assert_eq!(&BT_INTERIOR.to_le_bytes(), b"INTR");
         assert_eq!(&BT_LEAF.to_le_bytes(), b"LEAF");

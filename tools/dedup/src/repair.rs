@@ -191,16 +191,23 @@ enum Record {
 }
 
 /// The generation of the repaired superblock: newer than every valid one
-/// (so the kernel uses it), in the slot the starting state is not in (so
-/// that state survives until the new one is complete).
+/// at most MAX_TXN (so the kernel uses it: a slot above MAX_TXN is never
+/// the starting one, so it is the slot overwritten), in the slot the
+/// starting state is not in (so that state survives until the new one is
+/// complete), and never above MAX_TXN (the kernel would refuse it).
 fn new_generation(c: &Chosen) -> Result<u64, Fatal> {
     let base = c.max_generation.max(c.sb.generation());
-    let mut g = base
-        .checked_add(1)
-        .filter(|g| *g < u64::MAX - 2)
-        .ok_or_else(|| Fatal(format!("generation {base} cannot be advanced")))?;
+    let mut g = base.saturating_add(1);
     if g % SB_SLOTS == c.slot {
-        g += 1;
+        g = g.saturating_add(1);
+    }
+    if g > MAX_TXN {
+        return Err(Fatal(format!(
+            "generation {base} cannot be advanced: the repaired superblock would be generation \
+             {g}, above {MAX_TXN} (2^64 - 2^32 - 1, DD_MAX_TXN), the highest the kernel accepts. \
+             To keep the state: `dedup dump --force DEV -o FILE`, then `dedup restore --force \
+             --generation N FILE DEV` with a lower N"
+        )));
     }
     Ok(g)
 }

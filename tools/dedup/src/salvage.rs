@@ -50,8 +50,10 @@ pub struct Oddity {
 }
 
 /// Why `sb` cannot describe the device: what dd_check_sb() and
-/// dd_md_open() would refuse, or sizes the trees cannot be walked with.
-/// Counter errors are not listed: repair recomputes the counters.
+/// dd_md_open() would refuse (a generation above MAX_TXN included: the
+/// repaired superblock could not be newer than it), or sizes the trees
+/// cannot be walked with. Counter errors are not listed: repair recomputes
+/// the counters.
 pub fn unusable(sb: &Superblock, dev_blocks: u64) -> Option<String> {
     if sb.version != FORMAT_VERSION {
         return Some(format!(
@@ -59,10 +61,9 @@ pub fn unusable(sb: &Superblock, dev_blocks: u64) -> Option<String> {
             sb.version
         ));
     }
-    if let Some((_, _, msg)) = superblock_rules(sb)
-        .into_iter()
-        .find(|(sev, code, _)| *sev == Severity::Error && *code == "superblock")
-    {
+    if let Some((_, _, msg)) = superblock_rules(sb).into_iter().find(|(sev, code, _)| {
+        *sev == Severity::Error && (*code == "superblock" || *code == "txn_too_large")
+    }) {
         return Some(msg);
     }
     if sb.metadata_blocks < FIRST_TREE_BLOCK {
@@ -95,8 +96,10 @@ pub struct Chosen {
     pub sb: Superblock,
     pub slot: u64,
     pub source: Source,
-    /// Highest generation among the valid slots (and the chosen one): a
-    /// new superblock must be newer than all of them to be used.
+    /// Highest generation among the valid slots (and the chosen one), not
+    /// counting those above MAX_TXN: a new superblock must be newer than
+    /// all of them to be used. A slot above MAX_TXN is never the chosen
+    /// one, so it is the slot the new superblock replaces.
     pub max_generation: u64,
     /// Slots other than the chosen one that are damaged, with why.
     pub other_bad: Vec<(u64, String)>,
@@ -145,7 +148,12 @@ pub fn choose_superblock(dev: &dyn BlockDev) -> Result<Chosen, Fatal> {
             })
             .collect()
     };
-    let max_generation = valid.first().map_or(0, |v| v.1.generation());
+    let max_generation = valid
+        .iter()
+        .map(|v| v.1.generation())
+        .filter(|&g| g <= MAX_TXN)
+        .max()
+        .unwrap_or(0);
     let mut refused: Vec<String> = Vec::new();
     for (k, (slot, sb)) in valid.iter().enumerate() {
         match unusable(sb, dev_blocks) {
@@ -215,6 +223,17 @@ pub fn choose_superblock(dev: &dyn BlockDev) -> Result<Chosen, Fatal> {
         return Err(Fatal(
             "no superblock to start from: neither slot holds dm-dedup metadata".into(),
         ));
+    }
+    // A valid slot above MAX_TXN still describes its trees, but a repaired
+    // superblock cannot be newer than it. `dedup dump --force` reads its
+    // state, `dedup restore --generation N` writes it with a valid one.
+    if valid.iter().any(|v| v.1.generation() > MAX_TXN) {
+        return Err(Fatal(format!(
+            "no usable superblock: {}; repair cannot write a generation the kernel would prefer \
+             to one above the limit. To keep its state: `dedup dump --force DEV -o FILE`, then \
+             `dedup restore --force --generation N FILE DEV` with N <= {MAX_TXN}",
+            refused.join("; ")
+        )));
     }
     Err(Fatal(format!(
         "no usable superblock, so the sizes of the arrays are unknown and nothing can be salvaged: {}",

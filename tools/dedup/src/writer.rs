@@ -201,6 +201,20 @@ pub fn test_fingerprint(pba: u64) -> [u8; FP_SIZE] {
     f
 }
 
+/// Refuse to write a superblock the kernel would refuse for its generation:
+/// 0 (never committed) or above MAX_TXN (dd_check_sb). Checked before
+/// anything is written.
+fn writable_generation(sb: &Superblock) -> io::Result<()> {
+    let g = sb.generation();
+    if g == 0 || g > MAX_TXN {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("refusing to write a superblock of generation {g}: it must be 1..={MAX_TXN}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Block numbers of what write_image wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
@@ -217,6 +231,7 @@ pub struct Layout {
 /// steps, so a crash leaves either the complete state or no valid
 /// superblock at all.
 pub fn write_image(dev: &mut dyn BlockDev, spec: &ImageSpec) -> io::Result<(Superblock, Layout)> {
+    writable_generation(&spec.sb)?;
     let zero = zero_block();
     for slot in 0..SB_SLOTS {
         dev.write_block(slot, &zero)?;
@@ -236,6 +251,7 @@ pub fn write_image_beside(
     spec: &ImageSpec,
     in_use: &[bool],
 ) -> io::Result<(Superblock, Layout)> {
+    writable_generation(&spec.sb)?;
     write_trees_and_super(dev, spec, in_use)
 }
 
@@ -296,6 +312,7 @@ pub fn format(
         fp_size,
         format_time,
     );
+    writable_generation(&sb)?;
     let zero = zero_block();
     for slot in 0..SB_SLOTS {
         if slot != sb.slot() {
@@ -313,6 +330,29 @@ pub fn format(
 mod tests {
     use super::*;
     use crate::device::MemDev;
+
+    #[test]
+    fn no_superblock_above_the_limit_is_written() {
+        let sb = Superblock::new_formatted(64, 10, 20, "sha256", 32, 0);
+        let mut spec = ImageSpec::consistent(sb, &[(1, 2)], test_fingerprint);
+        for g in [MAX_TXN + 1, u64::MAX, 0] {
+            spec.sb.header.txn = g;
+            let mut d = MemDev::new(64);
+            d.block_mut(1).fill(0xAA);
+            let e = write_image(&mut d, &spec).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains(&format!("generation {g}")), "{e}");
+            let e = write_image_beside(&mut d, &spec, &[]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            // Refused before anything was written.
+            assert!(d.block(1).iter().all(|&b| b == 0xAA));
+            assert!(d.bytes[2 * BLOCK_SIZE..].iter().all(|&b| b == 0));
+        }
+        spec.sb.header.txn = MAX_TXN;
+        let mut d = MemDev::new(64);
+        let (sb, _) = write_image(&mut d, &spec).unwrap();
+        assert_eq!((sb.generation(), sb.slot()), (MAX_TXN, 1));
+    }
 
     #[test]
     fn format_writes_slot_one_only() {

@@ -480,6 +480,85 @@ fn restore_refuses_inconsistent_dumps() {
 }
 
 #[test]
+fn transaction_id_limit() {
+    let t = TempDir::new("txn-limit");
+    let m = t.path("meta");
+    let spec = sample_image(&m);
+    let j = t.path("d.json");
+    let o = dedup(&["dump", s(&m), "-o", s(&j)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let max = MAX_TXN.to_string();
+    let above = (MAX_TXN + 1).to_string();
+
+    // restore --generation above DD_MAX_TXN: exit 8, nothing written.
+    let pristine = fs::read(&m).unwrap();
+    for g in [above.as_str(), "18446744073709551615"] {
+        let o = dedup(&["restore", s(&j), s(&m), "--force", "--generation", g]);
+        assert_eq!(code(&o), 8, "{}", err(&o));
+        assert_eq!(err(&o).lines().count(), 1, "{}", err(&o));
+        assert!(
+            err(&o).contains(&format!(
+                "--generation refused: generation {g} is above {max}"
+            )),
+            "{}",
+            err(&o)
+        );
+        assert_eq!(fs::read(&m).unwrap(), pristine);
+    }
+    // At DD_MAX_TXN: written, and it checks clean.
+    let o = dedup(&["restore", s(&j), s(&m), "--force", "--generation", &max]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(out(&o).contains(&format!("generation {max} in slot 1")));
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+
+    // One above, in an otherwise sound superblock (the next slot): check
+    // reports txn_too_large (exit 4), and so does dump.
+    let mut bytes = fs::read(&m).unwrap();
+    let mut sb = Superblock::decode(bytes[4096..8192].try_into().unwrap());
+    sb.header.txn = MAX_TXN + 1;
+    bytes[..4096].copy_from_slice(&sb.encode()[..]);
+    fs::write(&m, &bytes).unwrap();
+    let o = dedup(&["check", "--json", s(&m)]);
+    assert_eq!(code(&o), 4);
+    let r: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(r["errors"], 1, "{r}");
+    assert_eq!(r["problems"][0]["code"], "txn_too_large");
+    assert_eq!(r["problems"][0]["severity"], "error");
+    assert_eq!(r["superblock"]["slot"], 0);
+    let o = dedup(&["dump", s(&m)]);
+    assert_eq!(code(&o), 4);
+    assert!(err(&o).contains("txn_too_large") || err(&o).contains("is above"));
+
+    // repair falls back to the slot at the limit, whose successor would
+    // be above it: refused.
+    let o = dedup(&["repair", s(&m)]);
+    assert_eq!(code(&o), 8, "{}", out(&o));
+    assert!(err(&o).contains("cannot be advanced"), "{}", err(&o));
+
+    // A device whose only superblock is above the limit: repair refuses
+    // and names the way out, which keeps every mapping.
+    bytes[4096..8192].fill(0);
+    fs::write(&m, &bytes).unwrap();
+    let o = dedup(&["repair", s(&m)]);
+    assert_eq!(code(&o), 8, "{}", out(&o));
+    assert_eq!(err(&o).lines().count(), 1, "{}", err(&o));
+    assert!(err(&o).contains("no usable superblock"), "{}", err(&o));
+    assert!(err(&o).contains("dedup dump --force"), "{}", err(&o));
+    let j2 = t.path("d2.json");
+    let o = dedup(&["dump", "--force", s(&m), "-o", s(&j2)]);
+    assert_eq!(code(&o), 4, "{}", err(&o));
+    let o = dedup(&["restore", s(&j2), s(&m)]);
+    assert_eq!(code(&o), 8);
+    assert!(err(&o).contains("--generation N"), "{}", err(&o));
+    let o = dedup(&["restore", "--force", "--generation", "2", s(&j2), s(&m)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    assert_eq!(dumped_mappings(&m), spec.mappings);
+}
+
+#[test]
 fn dump_refuses_damaged_metadata_unless_forced() {
     let t = TempDir::new("dump-bad");
     let m = t.path("meta");

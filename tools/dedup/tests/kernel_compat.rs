@@ -11,6 +11,9 @@
 //! - the kernel activates what `dedup restore` writes (all of
 //!   dd_activate()'s checks), reads the same map back, and keeps working
 //!   on it;
+//! - the kernel and `dedup check` draw the transaction id limit
+//!   (DD_MAX_TXN) at the same place: a superblock at it is activated,
+//!   one above it refused by both;
 //! - the kernel refuses metadata with damaged leaves, activates what
 //!   `dedup repair` makes of it (placeholder fingerprints included), reads
 //!   back every salvaged mapping, and keeps working on it.
@@ -340,6 +343,62 @@ fn kernel_opens_restored_metadata() {
     .unwrap();
     let (r, c) = check_file(&dst);
     assert_agrees(&r, &c, &more);
+}
+
+#[test]
+fn transaction_id_limit_is_the_kernels() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("txn-limit");
+    let (logical, data) = (5_000u64, 1_000u64);
+    let (l, d) = (logical.to_string(), data.to_string());
+    let blocks = required_blocks(logical, data) + 16;
+    let src = t.file("src", blocks * 4096);
+    let out = run(
+        h,
+        &[
+            "workload",
+            src.to_str().unwrap(),
+            &l,
+            &d,
+            "6",
+            "3000",
+            "100",
+        ],
+    )
+    .unwrap();
+    let (r, c) = check_file(&src);
+    assert!(r.clean());
+    let sb = Superblock::decode(
+        MemDev::from_bytes(fs::read(&src).unwrap()).block(r.superblock.unwrap().slot),
+    );
+    let mut json = Vec::new();
+    write_dump(&mut json, &DumpSuperblock::from_sb(&sb), &c).unwrap();
+    let dump = parse_dump(&json[..]).unwrap();
+
+    // Restored at exactly DD_MAX_TXN: the kernel activates it and reads
+    // the same map.
+    let spec = validate(&dump, Some(MAX_TXN), 10).unwrap();
+    let mut dev = MemDev::new(blocks);
+    restore_to(&mut dev, spec, false).unwrap();
+    let m = t.0.join("m");
+    fs::write(&m, &dev.bytes).unwrap();
+    let back = run(h, &["map", m.to_str().unwrap(), &l, &d]).unwrap();
+    assert_eq!(back.map, out.map);
+    assert_eq!(back.stats["txn"], MAX_TXN);
+
+    // One above (the tools never write it; forged here): refused by both.
+    let mut over = Superblock::decode(dev.block(MAX_TXN % SB_SLOTS));
+    over.header.txn = MAX_TXN + 1;
+    *dev.block_mut(over.slot()) = *over.encode();
+    fs::write(&m, &dev.bytes).unwrap();
+    let err = run(h, &["open", m.to_str().unwrap(), &l, &d]).unwrap_err();
+    assert!(err.contains("refused"), "{err}");
+    assert!(err.contains("transaction id near the 2^64 limit"), "{err}");
+    let (r, _) = check_file(&m);
+    let codes: Vec<_> = r.problems.iter().map(|p| p.code).collect();
+    assert_eq!(codes, ["txn_too_large"]);
+    // restore refuses to write it.
+    assert!(validate(&dump, Some(MAX_TXN + 1), 10).is_err());
 }
 
 #[test]
