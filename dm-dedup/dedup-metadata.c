@@ -31,6 +31,7 @@ struct dd_metadata {
 
 	bool dirty;
 	bool read_only;	/* asked for, or after a failure: no more changes */
+	bool aborted;	/* rolled back to the last commit; stays so */
 	void *leaf_buf;	/* one leaf's entries, for range operations */
 };
 
@@ -654,6 +655,10 @@ void dd_md_abort(struct dd_metadata *md)
 {
 	const struct dd_superblock *sb = &md->sb;
 
+	/* A failed commit aborts, then its caller does: once is enough. */
+	if (md->aborted)
+		return;
+	md->aborted = true;
 	md->read_only = true;
 	md->dirty = false;
 	md->map.root = le64_to_cpu(sb->map_root);
