@@ -241,6 +241,10 @@ def test_reopen_with_other_data_size_refused(backing, kmsg_check):
     run(["losetup", "-c", data])
     assert ddlib.device_bytes(data) == 96 * MIB
     assert_create_fails(kmsg_check, "ddtre", "0 %d dedup %s %s" % (L256, meta, data), ["data"])
+    # back to the size it was formatted with, so that the teardown's
+    # `dedup check --data` can verify what was written
+    os.truncate(f, 64 * MIB)
+    run(["losetup", "-c", data])
 
 
 def test_reopen_with_other_hash_refused(backing, kmsg_check):
