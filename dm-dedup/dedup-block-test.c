@@ -25,6 +25,18 @@ static const struct dd_block_kind dd_leaf2 = {
 	.type = DD_BT_LEAF, .array = DD_ARRAY_REFCOUNT, .level = 0,
 };
 
+/* @n new leaves of the running transaction, changed and released. */
+static void dd_test_new_leaves(struct kunit *test, struct dd_bm *bm,
+			       unsigned int n)
+{
+	struct dd_block blk;
+
+	while (n--) {
+		KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+		dd_bm_release_dirty(&blk);
+	}
+}
+
 static void dd_block_test_csum_zero_vector(struct kunit *test)
 {
 	u8 *blk = dd_test_block(test);
@@ -223,10 +235,7 @@ static void dd_block_test_read_validation(struct kunit *test)
 	struct dd_block blk;
 
 	bm->txn = 1;
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 2);
 	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
 	dd_test_bm_destroy(test, bm);
 
@@ -347,10 +356,7 @@ static void dd_block_test_no_reuse_before_commit(struct kunit *test)
 	struct dd_block blk;
 
 	bm->txn = 1;
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 2);
 	dd_test_bm_commit(test, bm);
 
 	KUNIT_ASSERT_EQ(test, dd_bm_shadow(bm, 2, &dd_leaf2, &blk), 0);
@@ -391,10 +397,7 @@ static void dd_block_test_txn_from_ram(struct kunit *test)
 	struct dd_block blk;
 
 	bm->txn = 1;
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 2);
 	dd_test_bm_commit(test, bm);
 	dd_test_bm_destroy(test, bm);
 
