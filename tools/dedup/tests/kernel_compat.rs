@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 
 use dedup_tools::check::{check, CheckOptions, Contents, Report};
 use dedup_tools::device::MemDev;
-use dedup_tools::dump::{parse_dump, restore_to, validate, write_dump, DumpSuperblock};
+use dedup_tools::dump::{parse_dump, restore_to, validate, write_dump, Dump, DumpSuperblock};
 use dedup_tools::ondisk::*;
 
 fn harness() -> Option<&'static Path> {
@@ -155,6 +155,38 @@ fn assert_agrees(r: &Report, c: &Contents, out: &Out) {
     assert_eq!(sb.discarded_blocks, out.stats["discarded"]);
 }
 
+/// Metadata file `name` in `t`, sized for `logical` and `data` blocks (16
+/// to spare), after the harness's `workload` on it with `args` (seed,
+/// operations, commit every[, written but never committed]).
+fn workload_image(
+    h: &Path,
+    t: &Tmp,
+    name: &str,
+    logical: u64,
+    data: u64,
+    args: &[&str],
+) -> (PathBuf, Out) {
+    let m = t.file(name, (required_blocks(logical, data) + 16) * 4096);
+    let (l, d) = (logical.to_string(), data.to_string());
+    let mut argv = vec!["workload", m.to_str().unwrap(), &l, &d];
+    argv.extend_from_slice(args);
+    let out = run(h, &argv).unwrap();
+    (m, out)
+}
+
+/// What `dedup dump` makes of the clean metadata in `p`, written and read
+/// back as JSON through the library as the CLI does.
+fn dump_of(p: &Path) -> Dump {
+    let (r, c) = check_file(p);
+    assert!(r.clean());
+    let sb = Superblock::decode(
+        MemDev::from_bytes(fs::read(p).unwrap()).block(r.superblock.unwrap().slot),
+    );
+    let mut json = Vec::new();
+    write_dump(&mut json, &DumpSuperblock::from_sb(&sb), &c).unwrap();
+    parse_dump(&json[..]).unwrap()
+}
+
 #[test]
 fn kernel_format_equals_dedup_format() {
     let Some(h) = harness() else { return };
@@ -222,22 +254,15 @@ fn kernel_workloads_check_clean() {
     .into_iter()
     .enumerate()
     {
-        let blocks = required_blocks(logical, data) + 16;
-        let m = t.file(&format!("m{i}"), blocks * 4096);
-        let (l, d) = (logical.to_string(), data.to_string());
-        let out = run(
+        let (m, out) = workload_image(
             h,
-            &[
-                "workload",
-                m.to_str().unwrap(),
-                &l,
-                &d,
-                &(i + 1).to_string(),
-                &ops.to_string(),
-                &every.to_string(),
-            ],
-        )
-        .unwrap();
+            &t,
+            &format!("m{i}"),
+            logical,
+            data,
+            &[&(i + 1).to_string(), &ops.to_string(), &every.to_string()],
+        );
+        let (l, d) = (logical.to_string(), data.to_string());
         assert!(out.stats["mapped"] > 0 && out.stats["mapped"] > out.stats["live"]);
         let (r, c) = check_file(&m);
         assert_agrees(&r, &c, &out);
@@ -253,23 +278,9 @@ fn kernel_crash_leaves_the_last_commit() {
     let t = Tmp::new("crash");
     let (logical, data) = (6_000u64, 1_500u64);
     let (l, d) = (logical.to_string(), data.to_string());
-    let m = t.file("m", (required_blocks(logical, data) + 16) * 4096);
     // 4000 operations and a commit, then 3000 more written but never
     // committed: blocks of the lost transaction are all over the device.
-    let out = run(
-        h,
-        &[
-            "workload",
-            m.to_str().unwrap(),
-            &l,
-            &d,
-            "7",
-            "4000",
-            "400",
-            "3000",
-        ],
-    )
-    .unwrap();
+    let (m, out) = workload_image(h, &t, "m", logical, data, &["7", "4000", "400", "3000"]);
     let (r, c) = check_file(&m);
     assert_agrees(&r, &c, &out);
     let again = run(h, &["map", m.to_str().unwrap(), &l, &d]).unwrap();
@@ -282,31 +293,11 @@ fn kernel_opens_restored_metadata() {
     let t = Tmp::new("restore");
     let (logical, data) = (30_000u64, 4_000u64);
     let (l, d) = (logical.to_string(), data.to_string());
-    let blocks = required_blocks(logical, data) + 16;
-    let src = t.file("src", blocks * 4096);
-    let out = run(
-        h,
-        &[
-            "workload",
-            src.to_str().unwrap(),
-            &l,
-            &d,
-            "3",
-            "20000",
-            "700",
-        ],
-    )
-    .unwrap();
+    let (src, out) = workload_image(h, &t, "src", logical, data, &["3", "20000", "700"]);
+    let blocks = fs::metadata(&src).unwrap().len() / 4096;
 
     // dump -> JSON -> restore, through the library as the CLI does.
-    let (r, c) = check_file(&src);
-    assert!(r.clean());
-    let sb = Superblock::decode(
-        MemDev::from_bytes(fs::read(&src).unwrap()).block(r.superblock.unwrap().slot),
-    );
-    let mut json = Vec::new();
-    write_dump(&mut json, &DumpSuperblock::from_sb(&sb), &c).unwrap();
-    let spec = validate(&parse_dump(&json[..]).unwrap(), None, 10).unwrap();
+    let spec = validate(&dump_of(&src), None, 10).unwrap();
     let mut dev = MemDev::new(blocks + 100);
     restore_to(&mut dev, spec, false).unwrap();
     let dst = t.0.join("dst");
@@ -351,29 +342,9 @@ fn transaction_id_limit_is_the_kernels() {
     let t = Tmp::new("txn-limit");
     let (logical, data) = (5_000u64, 1_000u64);
     let (l, d) = (logical.to_string(), data.to_string());
-    let blocks = required_blocks(logical, data) + 16;
-    let src = t.file("src", blocks * 4096);
-    let out = run(
-        h,
-        &[
-            "workload",
-            src.to_str().unwrap(),
-            &l,
-            &d,
-            "6",
-            "3000",
-            "100",
-        ],
-    )
-    .unwrap();
-    let (r, c) = check_file(&src);
-    assert!(r.clean());
-    let sb = Superblock::decode(
-        MemDev::from_bytes(fs::read(&src).unwrap()).block(r.superblock.unwrap().slot),
-    );
-    let mut json = Vec::new();
-    write_dump(&mut json, &DumpSuperblock::from_sb(&sb), &c).unwrap();
-    let dump = parse_dump(&json[..]).unwrap();
+    let (src, out) = workload_image(h, &t, "src", logical, data, &["6", "3000", "100"]);
+    let blocks = fs::metadata(&src).unwrap().len() / 4096;
+    let dump = dump_of(&src);
 
     // Restored at exactly DD_MAX_TXN: the kernel activates it and reads
     // the same map.
@@ -407,12 +378,7 @@ fn damage_is_refused_by_both() {
     let t = Tmp::new("damage");
     let (logical, data) = (5_000u64, 1_000u64);
     let (l, d) = (logical.to_string(), data.to_string());
-    let m = t.file("m", (required_blocks(logical, data) + 16) * 4096);
-    run(
-        h,
-        &["workload", m.to_str().unwrap(), &l, &d, "5", "3000", "100"],
-    )
-    .unwrap();
+    let (m, _) = workload_image(h, &t, "m", logical, data, &["5", "3000", "100"]);
     let (r, _) = check_file(&m);
     let sb = r.superblock.unwrap();
     let pristine = fs::read(&m).unwrap();
@@ -435,12 +401,7 @@ fn kernel_opens_repaired_metadata() {
     let t = Tmp::new("repair");
     let (logical, data) = (30_000u64, 4_000u64);
     let (l, d) = (logical.to_string(), data.to_string());
-    let m = t.file("m", (required_blocks(logical, data) + 16) * 4096);
-    let out = run(
-        h,
-        &["workload", m.to_str().unwrap(), &l, &d, "9", "20000", "700"],
-    )
-    .unwrap();
+    let (m, out) = workload_image(h, &t, "m", logical, data, &["9", "20000", "700"]);
     let (r, _) = check_file(&m);
     let sb = r.superblock.unwrap();
     let mut dev = MemDev::from_bytes(fs::read(&m).unwrap());
