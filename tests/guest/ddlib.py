@@ -699,6 +699,15 @@ def data_blocks_in(contents):
     return n
 
 
+def file_sha256(path):
+    """Hex SHA-256 of a file's content, read 1 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
 def manifest(root, relpaths=None):
     """{relpath: sha256} of the regular files under root."""
     out = {}
@@ -710,14 +719,7 @@ def manifest(root, relpaths=None):
             for fn in files:
                 relpaths.append(os.path.relpath(os.path.join(r, fn), root))
     for rel in relpaths:
-        h = hashlib.sha256()
-        with open(os.path.join(root, rel), "rb") as f:
-            while True:
-                b = f.read(1 << 20)
-                if not b:
-                    break
-                h.update(b)
-        out[rel] = h.hexdigest()
+        out[rel] = file_sha256(os.path.join(root, rel))
     return out
 
 
