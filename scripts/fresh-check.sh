@@ -83,7 +83,7 @@
 # Not in it, so install-deps.sh must provide them: build-essential, the kernel
 # and its headers, busybox-static, QEMU, virtme-ng, file, procps, and the rest.
 #
-# Needs root, debootstrap (apt-get install debootstrap) and the network access
+# Needs root (it installs debootstrap on the host if missing) and the network access
 # install-deps.sh needs (apt, PyPI, crates.io).  The mirror is read at run
 # time from the host's apt sources (FRESH_MIRROR overrides it); no host name is
 # written here.  Takes about 8 minutes on 2 cores, KUnit not included
@@ -124,7 +124,12 @@ warn() { printf 'fresh-check: WARNING: %s\n' "$*" >&2; }
 die() { printf 'fresh-check: ERROR: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap, chroot, mounts)"
-command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
+# The host is a machine like any other: install what this script itself needs.
+if ! command -v debootstrap >/dev/null; then
+    log "installing debootstrap on the host"
+    { apt-get -q update && DEBIAN_FRONTEND=noninteractive apt-get -y -q install debootstrap; } \
+        >/dev/null 2>&1 </dev/null || die "apt-get install debootstrap failed"
+fi
 case "$VARIANT" in
     minbase) VARIANT_ARGS=(--variant=minbase) ;;
     default) VARIANT_ARGS=() ;;
