@@ -21,6 +21,7 @@
 
 /* Per-buffer state kept by dm-bufio next to the data. */
 struct dd_aux {
+	struct dd_bm *bm;	/* set whenever a buffer is handed out */
 	bool validated;	/* checksum and location checked since it was read */
 };
 
@@ -41,15 +42,25 @@ static void dd_alloc_callback(struct dm_buffer *buf)
 {
 	struct dd_aux *aux = dm_bufio_get_aux_data(buf);
 
+	aux->bm = NULL;
 	aux->validated = false;
 }
 
-/* Called by dm-bufio right before every write of a block. */
+/*
+ * Called by dm-bufio right before every write of a block, under its own
+ * lock and maybe from its reclaim: no sleeping here. A write that is not
+ * part of dd_bm_write_all() is background writeback, whose error dm-bufio
+ * keeps to itself until the next dm_bufio_write_dirty_buffers(); flag it
+ * so that dd_bm_writeback_error() asks soon, not at the next commit.
+ */
 static void dd_write_callback(struct dm_buffer *buf)
 {
 	struct dd_block_header *h = dm_bufio_get_block_data(buf);
+	struct dd_aux *aux = dm_bufio_get_aux_data(buf);
 
 	h->csum = cpu_to_le32(dd_block_csum(h));
+	if (aux->bm && !READ_ONCE(aux->bm->writing_out))
+		set_bit(DD_BM_BACKGROUND_WRITE, &aux->bm->flags);
 }
 
 int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
@@ -124,9 +135,12 @@ void dd_bm_next_txn(struct dd_bm *bm)
 	bm->txn++;
 }
 
-static void dd_set_block(struct dd_block *blk, struct dm_buffer *buf,
-			 void *data, u64 nr)
+static void dd_set_block(struct dd_bm *bm, struct dd_block *blk,
+			 struct dm_buffer *buf, void *data, u64 nr)
 {
+	struct dd_aux *aux = dm_bufio_get_aux_data(buf);
+
+	aux->bm = bm;
 	blk->buf = buf;
 	blk->data = data;
 	blk->nr = nr;
@@ -207,7 +221,7 @@ int dd_bm_read_raw(struct dd_bm *bm, u64 nr, struct dd_block *blk)
 	data = dm_bufio_read(bm->bufio, nr, &buf);
 	if (IS_ERR(data))
 		return PTR_ERR(data);
-	dd_set_block(blk, buf, data, nr);
+	dd_set_block(bm, blk, buf, data, nr);
 	return 0;
 }
 
@@ -244,7 +258,7 @@ int dd_bm_read_cached(struct dd_bm *bm, u64 nr,
 		return PTR_ERR(data);
 	if (!data)
 		return -EWOULDBLOCK;
-	dd_set_block(blk, buf, data, nr);
+	dd_set_block(bm, blk, buf, data, nr);
 	r = dd_validate(bm, blk, kind);
 	if (r)
 		dd_bm_release(blk);
@@ -285,7 +299,7 @@ static int dd_bm_get_new(struct dd_bm *bm, struct dd_block *blk)
 		return PTR_ERR(data);
 	}
 	dd_mark_fresh(bm, nr);
-	dd_set_block(blk, buf, data, nr);
+	dd_set_block(bm, blk, buf, data, nr);
 	return 0;
 }
 
@@ -366,7 +380,7 @@ void dd_bm_release_dirty(struct dd_block *blk)
  */
 void dd_bm_settle(struct dd_bm *bm)
 {
-	int r = dm_bufio_write_dirty_buffers(bm->bufio);
+	int r = dd_bm_write_all(bm);
 
 	if (r)
 		DMWARN_LIMIT("aborted transaction: write-out failed: %d (its blocks are free)",
@@ -374,16 +388,41 @@ void dd_bm_settle(struct dd_bm *bm)
 	dd_forget_fresh(bm);
 }
 
-/* Every block changed by the transaction reaches stable storage. */
-
+/*
+ * Every block changed by the transaction reaches stable storage:
+ * dm_bufio_write_dirty_buffers() waits for the writes, flushes the device
+ * and returns the first write error since it was last called, background
+ * writeback's included.
+ */
 int dd_bm_write_all(struct dd_bm *bm)
 {
 	int r;
 
+	WRITE_ONCE(bm->writing_out, true);
+	clear_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);
 	r = dm_bufio_write_dirty_buffers(bm->bufio);
-	if (r)
-		return r;
-	return dm_bufio_issue_flush(bm->bufio);
+	WRITE_ONCE(bm->writing_out, false);
+	return r;
+}
+
+/*
+ * Did background writeback fail since the last write-out? dm-bufio forgets
+ * a buffer whose write failed, so a block of the running transaction is
+ * lost: the caller must abort. Asking means writing out every dirty block
+ * now, so ask only after dm-bufio started writing on its own. Needs the
+ * same exclusion from commits as dd_bm_write_all(): the error is returned
+ * once, to whoever asks first.
+ */
+int dd_bm_writeback_error(struct dd_bm *bm)
+{
+	if (!test_bit(DD_BM_BACKGROUND_WRITE, &bm->flags))
+		return 0;
+	return dd_bm_write_all(bm);
+}
+
+bool dd_bm_background_writes(struct dd_bm *bm)
+{
+	return test_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);
 }
 
 /*
@@ -400,7 +439,7 @@ int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb)
 	data = dm_bufio_new(bm->bufio, slot, &buf);
 	if (IS_ERR(data))
 		return PTR_ERR(data);
-	dd_set_block(&blk, buf, data, slot);
+	dd_set_block(bm, &blk, buf, data, slot);
 	memset(data, 0, DD_BLOCK_SIZE);
 	memcpy(data, sb, sizeof(*sb));
 	dd_hdr(&blk)->blocknr = cpu_to_le64(slot);

@@ -29,7 +29,12 @@ struct dd_bm {
 	 */
 	unsigned long *fresh;
 	u64 fresh_lo, fresh_hi;
+	bool writing_out;		/* inside dd_bm_write_all() */
+	unsigned long flags;		/* DD_BM_* bits */
 };
+
+/* dm-bufio wrote a block on its own since the last dd_bm_write_all(). */
+#define DD_BM_BACKGROUND_WRITE	0
 
 /* A metadata block held in the cache. */
 struct dd_block {
@@ -62,6 +67,8 @@ void dd_bm_release(struct dd_block *blk);
 void dd_bm_release_dirty(struct dd_block *blk);
 
 int dd_bm_write_all(struct dd_bm *bm);
+bool dd_bm_background_writes(struct dd_bm *bm);
+int dd_bm_writeback_error(struct dd_bm *bm);
 void dd_bm_next_txn(struct dd_bm *bm);
 void dd_bm_settle(struct dd_bm *bm);
 int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb);

@@ -611,6 +611,17 @@ bool dd_md_dirty(struct dd_metadata *md)
 }
 
 /*
+ * Non-zero when a block of the running transaction was lost by background
+ * writeback: the caller aborts. Cheap unless dm-bufio wrote on its own.
+ */
+int dd_md_writeback_error(struct dd_metadata *md)
+{
+	if (md->read_only || md->aborted)
+		return 0;
+	return dd_bm_writeback_error(md->bm);
+}
+
+/*
  * Make the running transaction the committed state: every changed block
  * goes to disk and is flushed, then the superblock names the new roots.
  * The caller flushed the data device first, so the data the new state

@@ -78,6 +78,7 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 int dd_md_commit(struct dd_metadata *md);
 void dd_md_abort(struct dd_metadata *md);
 bool dd_md_dirty(struct dd_metadata *md);
+int dd_md_writeback_error(struct dd_metadata *md);
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st);
 u64 dd_md_free_data_blocks(struct dd_metadata *md);
 u64 dd_md_pending_data_frees(struct dd_metadata *md);

@@ -179,6 +179,23 @@ static void dd_metadata_error(struct dedup_c *dc, const char *what, int r)
 	dd_md_abort(dc->md);
 }
 
+/*
+ * dm-bufio writes metadata in the background when dirty blocks pile up and
+ * keeps a failed write's error until it is asked; meanwhile the block is
+ * gone from the cache and the location holds older content. Ask after
+ * every change, so the device stops within one write, not at the next
+ * commit up to commit_interval later.
+ */
+static void dd_check_writeback(struct dedup_c *dc)
+{
+	int r;
+
+	lockdep_assert_held_write(&dc->lock);
+	r = dd_md_writeback_error(dc->md);
+	if (r)
+		dd_metadata_error(dc, "background metadata write", r);
+}
+
 static blk_status_t dd_errno_to_status(int r)
 {
 	switch (r) {
@@ -551,6 +568,7 @@ static void dd_unique_done_work(struct work_struct *w)
 			ir = dd_index_insert(&dc->index, io->fp, io->pba);
 			if (ir)
 				atomic64_inc(&dc->index_full);
+			dd_check_writeback(dc);
 		}
 	}
 	/* Writers of the same content decide again, now against the index. */
@@ -698,6 +716,8 @@ metadata_done:
 	/* A failed change may be half done: nothing more may be committed. */
 	if (r && r != -EROFS)
 		dd_metadata_error(dc, "write", r);
+	else if (!r)
+		dd_check_writeback(dc);
 out:
 	up_write(&dc->lock);
 	dd_finish_write(dc, io, r);
@@ -743,6 +763,8 @@ static void dd_discard_work(struct work_struct *w)
 		r = dd_md_unmap_range(dc->md, io->lba, io->lba + n, &unmapped);
 		if (r)
 			dd_metadata_error(dc, "discard", r);
+		else
+			dd_check_writeback(dc);
 	}
 	up_write(&dc->lock);
 	/* As for writes, FUA means durable on completion. */

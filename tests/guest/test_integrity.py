@@ -236,17 +236,24 @@ def test_verify_tries_every_candidate(make_dedup, seed):
     d.remove()
 
 
+def _metadata_via_dm(backing, data_mib, logical_mib):
+    """A dedup device whose metadata device is dm "ddtimeta" over a loop, so
+    that its table can swap to flakey; commits only when asked."""
+    meta_raw = backing.loop(16, "meta")
+    data = backing.loop(data_mib, "data")
+    meta, sectors = ddlib.dm_linear("ddtimeta", meta_raw)
+    dd = ddlib.DedupDev.create("ddtint", meta, data, logical_mib * ddlib.MIB // 512,
+                               ["commit_interval", "3600"])
+    return meta_raw, sectors, dd
+
+
 def test_reload_after_metadata_write_errors(backing, seed):
     """Metadata writes fail for a while (the device goes ro), the device
     heals, and the table is reloaded and resumed: not removed. The new table
     writes and commits while the old one is destroyed; nothing the old one
     left may land on the new one's blocks. In a loop; the teardown's
     `dedup check --data` is the judge, as is every committed block."""
-    meta_raw = backing.loop(16, "meta")
-    data = backing.loop(64, "data")
-    meta, sectors = ddlib.dm_linear("ddtimeta", meta_raw)
-    logical = 128 * ddlib.MIB // 512
-    dd = ddlib.DedupDev.create("ddtint", meta, data, logical, ["commit_interval", "3600"])
+    meta_raw, sectors, dd = _metadata_via_dm(backing, 64, 128)
     committed = {}
     for rnd in range(3):
         with ddlib.BlockDev(dd.path) as bd:
@@ -274,5 +281,50 @@ def test_reload_after_metadata_write_errors(backing, seed):
                 committed[lba] = ddlib.block_data(seed, lba)
                 bd.write(lba, committed[lba])
             bd.fsync()
+    dd.remove()
+    run(["dmsetup", "remove", "ddtimeta"])
+
+
+def test_background_metadata_write_error(backing, kmsg_check, seed):
+    """dm-bufio writes dirty metadata blocks in the background once they
+    outnumber the clean ones, long before a commit, and keeps the error of
+    a failed write to itself until asked; the block is then dropped from
+    the cache and its location holds older content (review A3). With
+    commit_interval 3600 and no flush, the target must notice on its own:
+    the device stops accepting writes within the burst, no read returns
+    anything but the last commit, and the kernel log says why."""
+    meta_raw, sectors, dd = _metadata_via_dm(backing, 96, 256)
+    committed = {}
+    burst = 12000                     # 47 MiB of unique blocks, no flush
+    with ddlib.BlockDev(dd.path) as bd:
+        for lba in range(64):
+            committed[lba] = ddlib.block_data(seed, lba)
+            bd.write(lba, committed[lba])
+        bd.fsync()
+        ddlib.dm_swap_table("ddtimeta", "0 %d flakey %s 0 0 1 1 error_writes"
+                            % (sectors, meta_raw))
+        accepted = 0
+        for i in range(burst):
+            try:
+                bd.write(64 + i, ddlib.block_data(seed, 64 + i))
+            except OSError:
+                break
+            accepted += 1
+    # The data device is healthy and nothing asked for a commit: only
+    # noticing background writeback can refuse writes within the burst.
+    assert accepted < burst, "every write of the burst was accepted: %s" % dd.status()
+    assert dd.status()["mode"] == "ro"
+    assert any("background metadata write failed" in line for line in kmsg_check.lines()), \
+        "no dmesg line names the background write"
+    ddlib.dm_swap_table("ddtimeta", "0 %d linear %s 0" % (sectors, meta_raw))
+    with ddlib.BlockDev(dd.path) as bd:
+        for lba, want in committed.items():
+            assert bd.read(lba) == want, "committed lba %d" % lba
+        got = bd.read_range(64, accepted + 1)
+    wrong = [64 + i for i, b in enumerate(got) if b != ddlib.ZERO]
+    assert not wrong, "%d uncommitted blocks read other than the last commit, first %d" % (
+        len(wrong), wrong[0])
+    ddlib.report("background write error: %d of %d burst writes accepted before ro" % (
+        accepted, burst))
     dd.remove()
     run(["dmsetup", "remove", "ddtimeta"])

@@ -173,7 +173,8 @@ int dm_bufio_write_dirty_buffers(struct dm_bufio_client *c)
 			return -EIO;
 		b->dirty = false;
 	}
-	return 0;
+	/* As the kernel's: the writes are flushed before it returns. */
+	return dm_bufio_issue_flush(c);
 }
 
 int dm_bufio_issue_flush(struct dm_bufio_client *c)

@@ -85,6 +85,11 @@ static inline bool test_bit(u64 nr, const unsigned long *a)
 }
 static inline void __set_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG] |= 1UL << (nr % BITS_PER_LONG); }
 static inline void __clear_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG] &= ~(1UL << (nr % BITS_PER_LONG)); }
+/* One thread here: the atomic forms are the plain ones. */
+#define set_bit(nr, a) __set_bit(nr, a)
+#define clear_bit(nr, a) __clear_bit(nr, a)
+#define READ_ONCE(x) (x)
+#define WRITE_ONCE(x, v) ((x) = (v))
 static inline bool __test_and_set_bit(u64 nr, unsigned long *a)
 {
 	bool old = test_bit(nr, a);
