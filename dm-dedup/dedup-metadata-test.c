@@ -18,7 +18,11 @@
 #define DD_SB_OFF_MAPPED	136
 #define DD_SB_OFF_FORMAT_TIME	184
 
-/* What the metadata reported through its callbacks. */
+/*
+ * What the metadata reported: the blocks its verbs freed, the runs its
+ * commits made reusable, what activation visited. One per test, in
+ * test->priv, so that every helper records what the target would see.
+ */
 struct dd_test_events {
 	unsigned int freed;
 	u64 freed_pba[8];
@@ -31,15 +35,26 @@ struct dd_test_events {
 	u8 visited_fp[8][DD_FP_SIZE];
 };
 
-static void dd_test_on_free(void *ctx, u64 pba, const u8 *fp)
+static void dd_test_note_freed(struct kunit *test,
+			       const struct dd_md_freed *f)
 {
-	struct dd_test_events *ev = ctx;
+	struct dd_test_events *ev = test->priv;
 
 	if (ev->freed < ARRAY_SIZE(ev->freed_pba)) {
-		ev->freed_pba[ev->freed] = pba;
-		memcpy(ev->freed_fp[ev->freed], fp, DD_FP_SIZE);
+		ev->freed_pba[ev->freed] = f->pba;
+		memcpy(ev->freed_fp[ev->freed], f->fp, DD_FP_SIZE);
 	}
 	ev->freed++;
+}
+
+/* A verb's result with what it freed recorded: 1 becomes 0. */
+static int dd_test_freed(struct kunit *test, int r,
+			 const struct dd_md_freed *f)
+{
+	if (r == 1)
+		dd_test_note_freed(test, f);
+	KUNIT_EXPECT_LE(test, r, 1);
+	return r > 0 ? 0 : r;
 }
 
 static void dd_test_on_reusable(void *ctx, u64 begin, u64 end)
@@ -77,9 +92,8 @@ static struct dd_md_config *dd_test_cfg(struct kunit *test, u64 logical,
 	KUNIT_ASSERT_NOT_NULL(test, ev);
 	dd_test_md_config(cfg, logical, data);
 	cfg->visit = dd_test_visit;
-	cfg->on_free = dd_test_on_free;
-	cfg->on_reusable = dd_test_on_reusable;
 	cfg->ctx = ev;
+	test->priv = ev;
 	return cfg;
 }
 
@@ -104,10 +118,62 @@ static int dd_test_try_open(struct block_device *bdev,
 
 static u64 dd_test_alloc(struct kunit *test, struct dd_metadata *md)
 {
-	u64 pba = U64_MAX;
+	u64 pba = U64_MAX, left = U64_MAX;
 
-	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba, &left), 0);
+	KUNIT_EXPECT_EQ(test, left, dd_md_free_data_blocks(md));
 	return pba;
+}
+
+/* The verbs, with what they free recorded as the target would see it. */
+static int dd_test_map_new(struct kunit *test, struct dd_metadata *md,
+			   u64 lba, u64 pba, const u8 *fp)
+{
+	struct dd_md_freed f;
+
+	return dd_test_freed(test, dd_md_map_new(md, lba, pba, fp, &f), &f);
+}
+
+static int dd_test_map_dup(struct kunit *test, struct dd_metadata *md,
+			   u64 lba, u64 pba)
+{
+	struct dd_md_freed f;
+
+	return dd_test_freed(test, dd_md_map_duplicate(md, lba, pba, &f), &f);
+}
+
+static int dd_test_map_zero(struct kunit *test, struct dd_metadata *md,
+			    u64 lba)
+{
+	struct dd_md_freed f;
+
+	return dd_test_freed(test, dd_md_map_zero(md, lba, &f), &f);
+}
+
+/* The whole of [begin, end), as the target loops over it; *n unmapped. */
+static int dd_test_unmap(struct kunit *test, struct dd_metadata *md,
+			 u64 begin, u64 end, u64 *n)
+{
+	struct dd_md_freed f[3];
+	unsigned int nr, i;
+	u64 next = begin;
+	int r;
+
+	*n = 0;
+	do {
+		r = dd_md_unmap_range(md, next, end, f, ARRAY_SIZE(f), &nr,
+				      &next, n);
+		KUNIT_EXPECT_LE(test, nr, ARRAY_SIZE(f));
+		for (i = 0; i < nr; i++)
+			dd_test_note_freed(test, &f[i]);
+	} while (!r && next < end);
+	KUNIT_EXPECT_TRUE(test, r || next == end);
+	return r;
+}
+
+static int dd_test_commit(struct kunit *test, struct dd_metadata *md)
+{
+	return dd_md_commit(md, dd_test_on_reusable, test->priv);
 }
 
 /* A unique write: a new physical block with content @seed for @lba. */
@@ -118,7 +184,7 @@ static u64 dd_test_write(struct kunit *test, struct dd_metadata *md, u64 lba,
 	u64 pba = dd_test_alloc(test, md);
 
 	dd_test_fp(fp, seed);
-	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, lba, pba, fp), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, lba, pba, fp), 0);
 	return pba;
 }
 
@@ -126,8 +192,7 @@ static u64 dd_test_write(struct kunit *test, struct dd_metadata *md, u64 lba,
 static void dd_test_share(struct kunit *test, struct dd_metadata *md, u64 lba,
 			  u64 pba)
 {
-	KUNIT_ASSERT_EQ(test, dd_md_get_ref(md, pba), 0);
-	KUNIT_ASSERT_EQ(test, dd_md_map_claimed(md, lba, pba), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_dup(test, md, lba, pba), 0);
 }
 
 static void dd_test_expect_map(struct kunit *test, struct dd_metadata *md,
@@ -277,7 +342,7 @@ static void dd_md_test_format(struct kunit *test)
 	KUNIT_EXPECT_NULL(test, memchr_inv(raw + 192, 0, DD_BLOCK_SIZE - 192));
 
 	/* a commit without changes writes nothing */
-	KUNIT_EXPECT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 1);
 	dd_test_read_block(test, bdev, 0, raw);
 	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
@@ -324,7 +389,7 @@ static void dd_md_test_identity(struct kunit *test)
 	const char *error;
 
 	dd_test_write(test, md, 3, 3);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	cfg->logical_blocks = 1001;
@@ -376,7 +441,7 @@ static void dd_md_test_map_reopen(struct kunit *test)
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
 	struct dd_md_stats st, st2;
-	u64 pba[8], got;
+	u64 pba[8], got, left;
 	unsigned int i;
 	u32 rc;
 	u8 fp[DD_FP_SIZE];
@@ -385,16 +450,16 @@ static void dd_md_test_map_reopen(struct kunit *test)
 		pba[i] = dd_test_alloc(test, md);
 	KUNIT_EXPECT_EQ(test, pba[0], 0);
 	KUNIT_EXPECT_EQ(test, pba[7], 7);
-	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got), -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got, &left), -ENOSPC);
 	/* failed writes give their blocks back at once */
 	for (i = 1; i < 7; i++)
 		dd_md_free_data_now(md, pba[i]);
 	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 6);
 
 	dd_test_fp(fp, 100);
-	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 0, 0, fp), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, 0, 0, fp), 0);
 	dd_test_fp(fp, 107);
-	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 999, 7, fp), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, 999, 7, fp), 0);
 	dd_test_share(test, md, 500, 0);
 	KUNIT_EXPECT_TRUE(test, dd_md_dirty(md));
 
@@ -419,7 +484,7 @@ static void dd_md_test_map_reopen(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 1);
 	KUNIT_EXPECT_EQ(test, st.transaction_id, 1);
 
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
 	st = dd_test_stats(md);
 	KUNIT_EXPECT_EQ(test, st.transaction_id, 2);
@@ -457,14 +522,14 @@ static void dd_md_test_free_after_commit(struct kunit *test)
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
 	u8 fp[DD_FP_SIZE];
-	u64 lba, pba;
+	u64 lba, pba, left;
 
 	for (lba = 0; lba < 4; lba++)
 		KUNIT_ASSERT_EQ(test, dd_test_write(test, md, lba, lba), lba);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
 
-	KUNIT_ASSERT_EQ(test, dd_md_map_zero(md, 0), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_zero(test, md, 0), 0);
 	dd_test_expect_unmapped(test, md, 0);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), 0);
 	KUNIT_ASSERT_EQ(test, ev->freed, 1);
@@ -473,13 +538,13 @@ static void dd_md_test_free_after_commit(struct kunit *test)
 	KUNIT_EXPECT_MEMEQ(test, ev->freed_fp[0], fp, DD_FP_SIZE);
 	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 1);
 	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
-	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba), -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 3);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 4);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).zero_writes, 1);
 	KUNIT_EXPECT_EQ(test, ev->reusable, 0);
 
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_ASSERT_EQ(test, ev->reusable, 1);
 	KUNIT_EXPECT_EQ(test, ev->reusable_begin[0], 0);
 	KUNIT_EXPECT_EQ(test, ev->reusable_end[0], 1);
@@ -493,8 +558,8 @@ static void dd_md_test_free_after_commit(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, ev->freed_pba[1], 1);
 	dd_test_expect_map(test, md, 1, 0);
 	dd_test_expect_fp(test, md, 0, 50);
-	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba), -ENOSPC);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, ev->reusable, 2);
 	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 1);
 	dd_md_free_data_now(md, 1);
@@ -509,9 +574,9 @@ static void dd_md_test_free_after_commit(struct kunit *test)
 
 /*
  * Rewriting a logical block with the content it already holds: the
- * target takes a reference on the block it found and maps it again. The
- * old mapping's reference is dropped, so nothing changes but the count
- * of duplicate writes; in particular the block is not freed in between.
+ * target maps the block it found again. The reference is taken before
+ * the old mapping's is dropped, so nothing changes but the count of
+ * duplicate writes; in particular the block is not freed in between.
  */
 static void dd_md_test_rewrite_same(struct kunit *test)
 {
@@ -519,11 +584,12 @@ static void dd_md_test_rewrite_same(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_md_freed f;
 	u64 pba;
 
 	pba = dd_test_write(test, md, 0, 1);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
-	dd_test_share(test, md, 0, pba);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_map_duplicate(md, 0, pba, &f), 0);
 	dd_test_expect_map(test, md, 0, pba);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
@@ -531,10 +597,21 @@ static void dd_md_test_rewrite_same(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).duplicate_writes, 1);
 	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 0);
 	KUNIT_EXPECT_EQ(test, ev->freed, 0);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 	md = dd_test_md_open(test, bdev, cfg);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
+
+	/* the same for a block that another logical block shares */
+	dd_test_share(test, md, 1, pba);
+	KUNIT_ASSERT_EQ(test, dd_md_map_duplicate(md, 1, pba, &f), 0);
+	dd_test_expect_map(test, md, 1, pba);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).duplicate_writes, 3);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 0);
+	KUNIT_EXPECT_EQ(test, ev->freed, 0);
 }
 
 /*
@@ -551,7 +628,7 @@ static void dd_md_test_metadata_blocks(struct kunit *test)
 
 	pba = dd_test_write(test, md, 0, 1);
 	dd_test_write(test, md, 1999, 2);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	used = dd_test_stats(md).metadata_used;
 	/* three arrays of height 1: map root and leaves 0 and 3, two more */
 	KUNIT_EXPECT_EQ(test, used, DD_FIRST_TREE_BLOCK + 3 + 2 + 2);
@@ -561,7 +638,7 @@ static void dd_md_test_metadata_blocks(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used + 4);
 	dd_test_share(test, md, 2, pba);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used + 4);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used);
 
 	dd_test_md_close(test, md);
@@ -601,13 +678,13 @@ static void dd_md_test_abort(struct kunit *test)
 	pba0 = dd_test_write(test, md, 0, 10);
 	pba1 = dd_test_write(test, md, 1, 11);
 	dd_test_share(test, md, 2, pba0);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	st = dd_test_stats(md);
 
 	dd_test_write(test, md, 0, 20);
 	dd_test_share(test, md, 3, pba1);
 	dd_test_write(test, md, 999, 21);
-	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 1, 3, &n), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_unmap(test, md, 1, 3, &n), 0);
 	KUNIT_EXPECT_EQ(test, n, 2);
 	dd_md_abort(md);
 
@@ -631,13 +708,14 @@ static void dd_md_test_abort(struct kunit *test)
 	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
 
 	dd_test_fp(fp, 30);
-	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got), -EROFS);
-	KUNIT_EXPECT_EQ(test, dd_md_map_new(md, 5, 50, fp), -EROFS);
-	KUNIT_EXPECT_EQ(test, dd_md_map_zero(md, 0), -EROFS);
-	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, pba0), -EROFS);
-	KUNIT_EXPECT_EQ(test, dd_md_put_ref(md, pba0), -EROFS);
-	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 0, 10, &n), -EROFS);
-	KUNIT_EXPECT_EQ(test, dd_md_commit(md), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got, &n), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_map_new(test, md, 5, 50, fp), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 0), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 4, pba0), -EROFS);
+	/* dropping a reference, as unmapping does */
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 2), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_unmap(test, md, 0, 10, &n), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), -EROFS);
 	dd_test_expect_map(test, md, 0, pba0);
 	/*
 	 * Nothing of the dead transaction is left to write: closing (what a
@@ -667,8 +745,9 @@ static void dd_md_test_abort(struct kunit *test)
  * A refcount saturates at U32_MAX: one more reference is refused with
  * -EOVERFLOW and the count stays, so that it can never wrap to 0 and
  * free a block that 2^32 logical blocks still map (the target then
- * stores the data again instead). Getting there takes a refcount the
- * tests write onto the device: 4 billion writes are not an option.
+ * stores the data again instead). The refusal leaves no trace, not even
+ * a dirty transaction. Getting there takes a refcount the tests write
+ * onto the device: 4 billion writes are not an option.
  */
 static void dd_md_test_refcount_max(struct kunit *test)
 {
@@ -676,12 +755,13 @@ static void dd_md_test_refcount_max(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_md_stats st, st2;
 	u64 pba;
 
 	pba = dd_test_write(test, md, 0, 1);
 	KUNIT_ASSERT_EQ(test, pba, 0);
 	dd_test_write(test, md, 1, 2);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	dd_test_patch_leaf(test, bdev, DD_SB_OFF_REFCOUNT_ROOT, 0,
@@ -692,31 +772,43 @@ static void dd_md_test_refcount_max(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX - 1);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, (u64)U32_MAX);
 
-	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 0), 0);
+	/* the last reference below saturation is taken and used */
+	KUNIT_ASSERT_EQ(test, dd_test_map_dup(test, md, 2, 0), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
-	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 0), -EOVERFLOW);
-	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
-	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 0), -EOVERFLOW);
-	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
-	/* the reference taken before saturation is used */
-	KUNIT_ASSERT_EQ(test, dd_md_map_claimed(md, 2, 0), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, (u64)U32_MAX + 1);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 3, 0), -EOVERFLOW);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
+	dd_test_expect_unmapped(test, md, 3);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	md = dd_test_md_open(test, bdev, cfg);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, (u64)U32_MAX + 1);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 3, 0), -EOVERFLOW);
+	/* also for the logical block that already maps it */
+	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 2, 0), -EOVERFLOW);
+	st2 = dd_test_stats(md);
+	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
+	dd_test_expect_unmapped(test, md, 3);
+	dd_test_expect_map(test, md, 2, 0);
+
 	/* dropping references from the top works as from anywhere */
-	KUNIT_EXPECT_EQ(test, dd_md_map_zero(md, 2), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 2), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX - 1);
-	KUNIT_EXPECT_EQ(test, dd_md_put_ref(md, 0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 0), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX - 2);
 	KUNIT_EXPECT_EQ(test, ev->freed, 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 2);
 }
 
-/* References on a free block are refused; nothing wraps. */
+/*
+ * A reference on a free block is a soft miss; a reference dropped below
+ * zero is corruption and refused; nothing wraps.
+ */
 static void dd_md_test_refcount_errors(struct kunit *test)
 {
 	struct block_device *bdev = dd_test_dev_open(test);
@@ -726,16 +818,126 @@ static void dd_md_test_refcount_errors(struct kunit *test)
 	u64 pba;
 
 	pba = dd_test_write(test, md, 0, 1);
-	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 5), -EILSEQ);
+	KUNIT_ASSERT_EQ(test, pba, 0);
+	dd_test_share(test, md, 2, pba);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_md_close(test, md);
+	/*
+	 * Two logical blocks on a block whose refcount says one, the
+	 * superblock's sum made to agree so that activation accepts it.
+	 */
+	dd_test_patch_leaf(test, bdev, DD_SB_OFF_REFCOUNT_ROOT, 0, 1, 4);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_MAPPED, 1, 8);
+	md = dd_test_md_open(test, bdev, cfg);
+
+	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 1, 5), -ENOENT);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 5), 0);
-	KUNIT_EXPECT_EQ(test, dd_md_put_ref(md, 5), -EILSEQ);
-	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 5), 0);
-	KUNIT_EXPECT_EQ(test, dd_md_get_ref(md, 100), -ERANGE);
+	dd_test_expect_unmapped(test, md, 1);
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 1, 100), -ERANGE);
 	/* a block allocated twice is caught, and keeps its refcount */
 	dd_test_fp(fp, 2);
-	KUNIT_EXPECT_EQ(test, dd_md_map_new(md, 1, pba, fp), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_test_map_new(test, md, 1, pba, fp), -EILSEQ);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
 	dd_test_expect_unmapped(test, md, 1);
+
+	/* the first unmap frees the block, the second finds no reference */
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->freed, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 2), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->freed, 1);
+}
+
+/*
+ * Sharing a block that died since the caller found it is a soft miss:
+ * -ENOENT, and nothing changes, not even the transaction's dirty state,
+ * so that a commit after it has nothing to write.
+ */
+static void dd_md_test_duplicate_dead(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_md_stats st, st2;
+	struct dd_md_freed f;
+	u64 dead, live;
+
+	dead = dd_test_write(test, md, 0, 1);
+	live = dd_test_write(test, md, 1, 2);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_zero(test, md, 0), 0);
+	KUNIT_ASSERT_EQ(test, ev->freed, 1);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_ASSERT_FALSE(test, dd_md_dirty(md));
+	st = dd_test_stats(md);
+
+	/* over a mapped logical block, an unmapped one, a block never used */
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 1, dead, &f), -ENOENT);
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, dead, &f), -ENOENT);
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, 50, &f), -ENOENT);
+
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	st2 = dd_test_stats(md);
+	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
+	dd_test_expect_unmapped(test, md, 0);
+	dd_test_expect_map(test, md, 1, live);
+	dd_test_expect_unmapped(test, md, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, dead), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, live), 1);
+	KUNIT_EXPECT_EQ(test, ev->freed, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id,
+			st.transaction_id);
+}
+
+/*
+ * Allocation says why nothing is free: -EAGAIN when the running
+ * transaction freed blocks that its commit gives back (the target waits
+ * for it), -ENOSPC when nothing will come back (the write fails).
+ */
+static void dd_md_test_alloc_data(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 16, 4);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 pba, left, i;
+	u8 fp[DD_FP_SIZE];
+
+	for (i = 0; i < 4; i++) {
+		left = U64_MAX;
+		KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba, &left), 0);
+		KUNIT_EXPECT_EQ(test, pba, i);
+		KUNIT_EXPECT_EQ(test, left, 3 - i);
+	}
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
+	/* a failed write's block comes back at once, not at the commit */
+	dd_md_free_data_now(md, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba, &left), 0);
+	KUNIT_EXPECT_EQ(test, pba, 2);
+	KUNIT_EXPECT_EQ(test, left, 0);
+
+	for (i = 0; i < 4; i++) {
+		dd_test_fp(fp, i);
+		KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, i, i, fp), 0);
+	}
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
+
+	KUNIT_ASSERT_EQ(test, dd_test_map_zero(test, md, 1), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 1);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	left = U64_MAX;
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba, &left), 0);
+	KUNIT_EXPECT_EQ(test, pba, 1);
+	KUNIT_EXPECT_EQ(test, left, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
 }
 
 static void dd_md_test_unmap_range(struct kunit *test)
@@ -750,17 +952,17 @@ static void dd_md_test_unmap_range(struct kunit *test)
 	for (i = 0; i < ARRAY_SIZE(lbas); i++)
 		pba[i] = dd_test_write(test, md, lbas[i], i);
 	dd_test_share(test, md, 509, pba[0]);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 
-	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 5, 4, &n), -ERANGE);
-	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 0, 2001, &n), -ERANGE);
-	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 7, 7, &n), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_unmap(test, md, 5, 4, &n), -ERANGE);
+	KUNIT_EXPECT_EQ(test, dd_test_unmap(test, md, 0, 2001, &n), -ERANGE);
+	KUNIT_EXPECT_EQ(test, dd_test_unmap(test, md, 7, 7, &n), 0);
 	KUNIT_EXPECT_EQ(test, n, 0);
 	/* never mapped, in a leaf that does not exist */
-	KUNIT_EXPECT_EQ(test, dd_md_unmap_range(md, 1100, 1500, &n), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_unmap(test, md, 1100, 1500, &n), 0);
 	KUNIT_EXPECT_EQ(test, n, 0);
 
-	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 1, 1001, &n), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_unmap(test, md, 1, 1001, &n), 0);
 	KUNIT_EXPECT_EQ(test, n, 4);
 	dd_test_expect_map(test, md, 0, pba[0]);
 	dd_test_expect_unmapped(test, md, 507);
@@ -774,14 +976,76 @@ static void dd_md_test_unmap_range(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 2);
 	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 3);
 
-	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 0, 2000, &n), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_unmap(test, md, 0, 2000, &n), 0);
 	KUNIT_EXPECT_EQ(test, n, 2);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 	md = dd_test_md_open(test, bdev, cfg);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).discarded, 6);
+}
+
+/*
+ * A caller with room for one freed block at a time: each call stops at
+ * the block that filled it, also in the middle of a leaf (508 map entries
+ * each), and the next call resumes right after it. Shared blocks are
+ * freed with their last logical block, every block exactly once.
+ */
+static void dd_md_test_unmap_max_freed(struct kunit *test)
+{
+	static const u64 lbas[] = { 0, 3, 507, 508, 1000, 1999 };
+	/* after each call: where to resume, and which write's block it freed */
+	static const u64 want_next[] = { 4, 508, 509, 510, 1002, 1500 };
+	static const unsigned int want_freed[] = { 1, 2, 3, 0, 4 };
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 2000, 16);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_md_freed f[2], canary;
+	u64 pba[ARRAY_SIZE(lbas)], next = 0, unmapped = 100;
+	unsigned int i, nr;
+	u8 fp[DD_FP_SIZE];
+
+	for (i = 0; i < ARRAY_SIZE(lbas); i++)
+		pba[i] = dd_test_write(test, md, lbas[i], i);
+	dd_test_share(test, md, 509, pba[0]);
+	dd_test_share(test, md, 1001, pba[4]);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	memset(&canary, 0xa5, sizeof(canary));
+
+	for (i = 0; i < ARRAY_SIZE(want_next); i++) {
+		KUNIT_ASSERT_LT(test, next, 1500);
+		f[1] = canary;
+		KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, next, 1500, f, 1, &nr,
+							&next, &unmapped), 0);
+		KUNIT_EXPECT_EQ_MSG(test, next, want_next[i], "call %u", i);
+		KUNIT_EXPECT_MEMEQ(test, &f[1], &canary, sizeof(canary));
+		if (i == ARRAY_SIZE(want_freed)) {
+			KUNIT_EXPECT_EQ(test, nr, 0);
+			break;
+		}
+		KUNIT_ASSERT_EQ_MSG(test, nr, 1, "call %u", i);
+		KUNIT_EXPECT_EQ(test, f[0].pba, pba[want_freed[i]]);
+		dd_test_fp(fp, want_freed[i]);
+		KUNIT_EXPECT_MEMEQ(test, f[0].fp, fp, DD_FP_SIZE);
+	}
+	KUNIT_EXPECT_EQ(test, next, 1500);
+	/* 0, 3, 507, 508, 509, 1000 and 1001, added to what was there */
+	KUNIT_EXPECT_EQ(test, unmapped, 107);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).discarded, 7);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 1);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 5);
+	for (i = 0; i < ARRAY_SIZE(lbas) - 1; i++)
+		KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba[i]), 0);
+	dd_test_expect_map(test, md, 1999, pba[5]);
+
+	/* called once more at the end, nothing is left to do */
+	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, next, 1500, f, 1, &nr,
+						&next, &unmapped), 0);
+	KUNIT_EXPECT_EQ(test, nr, 0);
+	KUNIT_EXPECT_EQ(test, next, 1500);
+	KUNIT_EXPECT_EQ(test, unmapped, 107);
 }
 
 /* A map of height 2: the first and the last LBA, through a reopen. */
@@ -795,7 +1059,7 @@ static void dd_md_test_tall_map(struct kunit *test)
 
 	pba = dd_test_write(test, md, 0, 1);
 	dd_test_share(test, md, logical - 1, pba);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	md = dd_test_md_open(test, bdev, cfg);
@@ -803,7 +1067,7 @@ static void dd_md_test_tall_map(struct kunit *test)
 	dd_test_expect_map(test, md, logical - 1, pba);
 	dd_test_expect_unmapped(test, md, logical - 2);
 	dd_test_expect_unmapped(test, md, 508 * 508 / 2);
-	KUNIT_ASSERT_EQ(test, dd_md_unmap_range(md, 1, logical, &n), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_unmap(test, md, 1, logical, &n), 0);
 	KUNIT_EXPECT_EQ(test, n, 1);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
 }
@@ -829,8 +1093,8 @@ static void dd_md_test_short_fingerprint(struct kunit *test)
 	KUNIT_EXPECT_MEMEQ(test, got, fp, 4);
 	KUNIT_EXPECT_NULL(test, memchr_inv(got + 4, 0, DD_FP_SIZE - 4));
 	pba = dd_test_alloc(test, md);
-	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 1, pba, zero), 0);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, 1, pba, zero), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	md = dd_test_md_open(test, bdev, cfg);
@@ -850,9 +1114,9 @@ static void dd_md_test_zero_fingerprint(struct kunit *test)
 	u8 zero[DD_FP_SIZE] = {};
 	const char *error;
 
-	KUNIT_ASSERT_EQ(test, dd_md_map_new(md, 0, dd_test_alloc(test, md),
-					    zero), 0);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, 0,
+					      dd_test_alloc(test, md), zero), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EILSEQ);
 	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "inconsistent"));
@@ -872,9 +1136,9 @@ static void dd_md_test_superblock_fallback(struct kunit *test)
 
 	KUNIT_ASSERT_NOT_NULL(test, raw);
 	dd_test_write(test, md, 0, 1);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_write(test, md, 1, 2);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
 	dd_test_md_close(test, md);
 	KUNIT_EXPECT_EQ(test, dd_test_sb_slot(test, bdev, raw), 1);
@@ -919,7 +1183,7 @@ static void dd_md_test_txn_limit(struct kunit *test)
 
 	KUNIT_ASSERT_NOT_NULL(test, raw);
 	dd_test_write(test, md, 0, 1);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	dd_test_set_txn(test, bdev, raw, DD_MAX_TXN);
@@ -948,7 +1212,7 @@ static void dd_md_test_damaged_tree(struct kunit *test)
 
 	KUNIT_ASSERT_NOT_NULL(test, sb);
 	dd_test_write(test, md, 0, 1);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 	dd_test_sb_slot(test, bdev, sb);
 	map_leaf = get_unaligned_le64(sb + DD_SB_OFF_MAP_ROOT);
@@ -974,7 +1238,7 @@ static void dd_md_test_map_beyond_data(struct kunit *test)
 
 	dd_test_write(test, md, 0, 1);
 	dd_test_write(test, md, 99, 2);
-	KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
 	/* entry v means PBA v - 1: 100 is the last PBA, 101 is past it */
@@ -1008,7 +1272,7 @@ static void dd_md_test_commit_churn(struct kunit *test)
 		lba = (i * 97) % nr_lba * 16;
 		seed[lba / 16] = 1000 + i;
 		pba[lba / 16] = dd_test_write(test, md, lba, seed[lba / 16]);
-		KUNIT_ASSERT_EQ(test, dd_md_commit(md), 0);
+		KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 		if (i == 1000)
 			used = dd_test_stats(md).metadata_used;
 	}
@@ -1046,7 +1310,10 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_abort),
 	KUNIT_CASE(dd_md_test_refcount_max),
 	KUNIT_CASE(dd_md_test_refcount_errors),
+	KUNIT_CASE(dd_md_test_duplicate_dead),
+	KUNIT_CASE(dd_md_test_alloc_data),
 	KUNIT_CASE(dd_md_test_unmap_range),
+	KUNIT_CASE(dd_md_test_unmap_max_freed),
 	KUNIT_CASE(dd_md_test_tall_map),
 	KUNIT_CASE(dd_md_test_short_fingerprint),
 	KUNIT_CASE(dd_md_test_zero_fingerprint),

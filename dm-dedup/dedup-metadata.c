@@ -126,7 +126,7 @@ static int dd_format(struct dd_metadata *md)
 	sb->format_time = cpu_to_le64(ktime_get_real_seconds());
 	md->bm->txn = 1;
 	md->dirty = true;
-	return dd_md_commit(md);
+	return dd_md_commit(md, NULL, NULL);
 }
 
 /* The table and the metadata must describe the same device. */
@@ -411,11 +411,18 @@ static int dd_writable_check(struct dd_metadata *md)
 	return 0;
 }
 
-int dd_md_alloc_data(struct dd_metadata *md, u64 *pba)
+int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left)
 {
+	int r;
+
 	if (md->read_only)
 		return -EROFS;
-	return dd_space_alloc(&md->data, pba);
+	r = dd_space_alloc(&md->data, pba);
+	if (r == -ENOSPC && md->data.nr_pending)
+		return -EAGAIN;
+	if (!r)
+		*free_left = dd_space_free_blocks(&md->data);
+	return r;
 }
 
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba)
@@ -423,33 +430,14 @@ void dd_md_free_data_now(struct dd_metadata *md, u64 pba)
 	dd_space_free_now(&md->data, pba);
 }
 
-int dd_md_get_ref(struct dd_metadata *md, u64 pba)
+/*
+ * Drop one reference to @pba. Returns 1 and fills *freed when it was the
+ * last: the block stays allocated until the commit, since the committed
+ * state may still point at it.
+ */
+static int dd_put_ref(struct dd_metadata *md, u64 pba,
+		      struct dd_md_freed *freed)
 {
-	struct dd_block leaf;
-	__le32 *e;
-	u32 rc;
-	int r;
-
-	r = dd_writable_check(md);
-	if (!r)
-		r = dd_array_update(&md->refcount, pba, &leaf, (void **)&e);
-	if (r)
-		return r;
-	rc = le32_to_cpu(*e);
-	if (rc && rc < DD_REFCOUNT_MAX)
-		*e = cpu_to_le32(rc + 1);
-	dd_bm_release_dirty(&leaf);
-	if (!rc) {
-		DMERR_LIMIT("physical block %llu: reference taken on a free block",
-			    pba);
-		return -EILSEQ;
-	}
-	return rc < DD_REFCOUNT_MAX ? 0 : -EOVERFLOW;
-}
-
-int dd_md_put_ref(struct dd_metadata *md, u64 pba)
-{
-	u8 fp[DD_FP_SIZE];
 	struct dd_block leaf;
 	__le32 *e;
 	u32 rc;
@@ -472,17 +460,20 @@ int dd_md_put_ref(struct dd_metadata *md, u64 pba)
 		return 0;
 
 	md->live--;
-	r = dd_md_get_fingerprint(md, pba, fp);
+	freed->pba = pba;
+	r = dd_md_get_fingerprint(md, pba, freed->fp);
 	if (r)
 		return r;
-	if (md->cfg.on_free)
-		md->cfg.on_free(md->cfg.ctx, pba, fp);
 	dd_space_release(&md->data, pba);
-	return 0;
+	return 1;
 }
 
-/* Point @lba at @value (PBA + 1, or 0), dropping what it pointed at. */
-static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value)
+/*
+ * Point @lba at @value (PBA + 1, or 0), dropping what it pointed at.
+ * 1/0 as dd_put_ref.
+ */
+static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value,
+		      struct dd_md_freed *freed)
 {
 	struct dd_block leaf;
 	__le64 *e;
@@ -500,12 +491,12 @@ static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value)
 	else if (!value)
 		md->mapped--;
 	if (old)
-		return dd_md_put_ref(md, old - 1);
+		return dd_put_ref(md, old - 1, freed);
 	return 0;
 }
 
-/* @pba, just written with new content, becomes @lba's block. */
-int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp)
+int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
+		  struct dd_md_freed *freed)
 {
 	struct dd_block leaf;
 	void *e;
@@ -535,22 +526,50 @@ int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp)
 	dd_bm_release_dirty(&leaf);
 
 	md->unique_writes++;
-	return dd_set_map(md, lba, pba + 1);
+	return dd_set_map(md, lba, pba + 1, freed);
 }
 
-/* @lba shares @pba, whose reference the caller already took. */
-int dd_md_map_claimed(struct dd_metadata *md, u64 lba, u64 pba)
+int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
+			struct dd_md_freed *freed)
 {
-	int r = dd_writable_check(md);
+	struct dd_block leaf;
+	__le32 *e;
+	u32 rc;
+	int r;
 
+	if (md->read_only)
+		return -EROFS;
+	/*
+	 * Look before writing: updating the entry would shadow its path into
+	 * the running transaction, and a miss must leave no trace.
+	 */
+	r = dd_md_get_refcount(md, pba, &rc);
 	if (r)
 		return r;
+	if (!rc)
+		return -ENOENT;
+	if (rc >= DD_REFCOUNT_MAX)
+		return -EOVERFLOW;
+
+	r = dd_writable_check(md);
+	if (!r)
+		r = dd_array_update(&md->refcount, pba, &leaf, (void **)&e);
+	if (r)
+		return r;
+	/* The caller serialises changes: the count is the one just read. */
+	*e = cpu_to_le32(rc + 1);
+	dd_bm_release_dirty(&leaf);
+
 	md->duplicate_writes++;
-	return dd_set_map(md, lba, pba + 1);
+	/*
+	 * When @lba already maps @pba this drops the reference just taken,
+	 * which is why it had to be taken first: the block is never freed.
+	 */
+	return dd_set_map(md, lba, pba + 1, freed);
 }
 
-/* An all-zero block: nothing is stored, the block reads back as zeros. */
-int dd_md_map_zero(struct dd_metadata *md, u64 lba)
+/* Nothing is stored: the block reads back as zeros. */
+int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)
 {
 	__le64 v;
 	int r;
@@ -561,12 +580,13 @@ int dd_md_map_zero(struct dd_metadata *md, u64 lba)
 	if (r)
 		return r;
 	md->zero_writes++;
-	return v ? dd_set_map(md, lba, 0) : 0;
+	return v ? dd_set_map(md, lba, 0, freed) : 0;
 }
 
-/* Discard / write zeroes: unmap [begin, end). */
+/* Discard / write zeroes. */
 int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
-		      u64 *unmapped)
+		      struct dd_md_freed *freed, unsigned int max_freed,
+		      unsigned int *nr_freed, u64 *next, u64 *unmapped)
 {
 	u32 per_leaf = md->map.per_leaf;
 	u64 leaf_nr = div_u64(begin, per_leaf);
@@ -575,12 +595,15 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 	u64 lo, hi, i;
 	int r;
 
-	*unmapped = 0;
+	*nr_freed = 0;
+	*next = begin;
 	r = dd_writable_check(md);
 	if (r)
 		return r;
 	if (end > md->cfg.logical_blocks || begin > end)
 		return -ERANGE;
+	if (WARN_ON_ONCE(!max_freed))
+		return -EINVAL;
 	for (; (r = dd_array_next_leaf(&md->map, &leaf_nr, end_leaf)) == 0;
 	     leaf_nr++) {
 		r = dd_array_read_leaf(&md->map, leaf_nr, md->leaf_buf);
@@ -591,15 +614,24 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 		for (i = lo; i < hi; i++) {
 			if (!entries[i - leaf_nr * per_leaf])
 				continue;
-			r = dd_set_map(md, i, 0);
-			if (r)
+			*next = i;
+			r = dd_set_map(md, i, 0, &freed[*nr_freed]);
+			if (r < 0)
 				return r;
 			(*unmapped)++;
 			md->discarded++;
+			if (r && ++*nr_freed == max_freed) {
+				/* The caller's array is full: resume after @i. */
+				*next = i + 1;
+				return 0;
+			}
 		}
 		cond_resched();
 	}
-	return r == -ENODATA ? 0 : r;
+	if (r != -ENODATA)
+		return r;
+	*next = end;
+	return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -627,7 +659,7 @@ int dd_md_writeback_error(struct dd_metadata *md)
  * The caller flushed the data device first, so the data the new state
  * points at is stable before the state itself.
  */
-int dd_md_commit(struct dd_metadata *md)
+int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 {
 	struct dd_superblock sb;
 	int r;
@@ -649,7 +681,7 @@ int dd_md_commit(struct dd_metadata *md)
 	dd_bm_next_txn(md->bm);
 	md->dirty = false;
 	dd_space_commit(&md->bm->space, NULL, NULL);
-	dd_space_commit(&md->data, md->cfg.on_reusable, md->cfg.ctx);
+	dd_space_commit(&md->data, reusable, ctx);
 	return 0;
 }
 

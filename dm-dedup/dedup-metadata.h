@@ -20,9 +20,7 @@ struct dd_metadata;
 
 /* Called for each live physical block while the metadata is opened. */
 typedef int (*dd_fp_visit_fn)(void *ctx, u64 pba, const u8 *fp);
-/* Called when a physical block loses its last reference. */
-typedef void (*dd_free_fn)(void *ctx, u64 pba, const u8 *fp);
-/* Called at commit for each run of physical blocks that became reusable. */
+/* Called by dd_md_commit for each run of physical blocks that became reusable. */
 typedef void (*dd_reusable_fn)(void *ctx, u64 begin, u64 end);
 
 struct dd_md_config {
@@ -33,9 +31,7 @@ struct dd_md_config {
 	bool read_only;
 	bool identity_only;	/* check the table against it, then stop */
 	dd_fp_visit_fn visit;
-	dd_free_fn on_free;
-	dd_reusable_fn on_reusable;
-	void *ctx;
+	void *ctx;		/* for visit */
 };
 
 struct dd_md_stats {
@@ -55,6 +51,16 @@ struct dd_md_stats {
 
 #define DD_REFCOUNT_MAX		U32_MAX
 
+/*
+ * A physical block that lost its last reference in a change. The verbs
+ * hand it back rather than calling out, so the caller drops it from its
+ * index in its own context and order.
+ */
+struct dd_md_freed {
+	u64 pba;
+	u8 fp[DD_FP_SIZE];
+};
+
 u64 dd_md_required_blocks(u64 logical_blocks, u64 data_blocks);
 
 int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
@@ -65,17 +71,49 @@ int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait);
 int dd_md_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp);
 int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count);
 
-int dd_md_alloc_data(struct dd_metadata *md, u64 *pba);
+/*
+ * A free data block for new content. 0: *pba is allocated and *free_left is
+ * the number of free data blocks left. -ENOSPC: none free. -EAGAIN: none free
+ * now, but blocks freed by the running transaction come back at its commit.
+ * -EROFS when read-only.
+ */
+int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left);
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba);
-int dd_md_get_ref(struct dd_metadata *md, u64 pba);
-int dd_md_put_ref(struct dd_metadata *md, u64 pba);
-int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp);
-int dd_md_map_claimed(struct dd_metadata *md, u64 lba, u64 pba);
-int dd_md_map_zero(struct dd_metadata *md, u64 lba);
-int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
-		      u64 *unmapped);
 
-int dd_md_commit(struct dd_metadata *md);
+/*
+ * @pba, just written with new content, becomes @lba's block.
+ * Returns 1 and fills *freed when @lba's previous block lost its last
+ * reference, 0 when nothing was freed, < 0 on error.
+ */
+int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
+		  struct dd_md_freed *freed);
+
+/*
+ * @lba shares the live block @pba: takes the reference and maps in one step.
+ * 1/0 as dd_md_map_new. Soft misses, nothing changed (not even dirtying the
+ * transaction): -ENOENT when @pba has no reference (it died),
+ * -EOVERFLOW when its refcount is saturated. No log line for either: the
+ * caller decides whether -ENOENT is corruption.
+ */
+int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
+			struct dd_md_freed *freed);
+
+/* An all-zero block; 1/0 as dd_md_map_new. */
+int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed);
+
+/*
+ * Unmap logical blocks from @begin towards @end. Stops early once
+ * @max_freed blocks were freed (max_freed >= 1), so a caller can drop them
+ * from its index and call again from *next. *next is the first logical
+ * block not yet processed (== @end when done); *nr_freed the entries filled
+ * in @freed; *unmapped is INCREASED by the number of entries unmapped.
+ */
+int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
+		      struct dd_md_freed *freed, unsigned int max_freed,
+		      unsigned int *nr_freed, u64 *next, u64 *unmapped);
+
+/* @reusable may be NULL. */
+int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx);
 void dd_md_abort(struct dd_metadata *md);
 bool dd_md_dirty(struct dd_metadata *md);
 int dd_md_writeback_error(struct dd_metadata *md);

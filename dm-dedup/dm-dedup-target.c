@@ -240,6 +240,14 @@ static void dd_discard_passdown(void *ctx, u64 begin, u64 end)
 		atomic64_add(end - begin, &dc->discard_passdown_blocks);
 }
 
+static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
+{
+	struct dedup_c *dc = ctx;
+
+	if (dc->discard_passdown)
+		dd_discard_passdown(dc, begin, end);
+}
+
 static int dd_commit(struct dedup_c *dc)
 {
 	int r = 0;
@@ -267,7 +275,7 @@ static int dd_commit(struct dedup_c *dc)
 	 */
 	if (dd_md_pending_data_frees(dc->md))
 		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
-	r = dd_md_commit(dc->md);
+	r = dd_md_commit(dc->md, dd_blocks_reusable, dc);
 	if (r) {
 		dd_metadata_error(dc, "metadata commit", r);
 		goto out;
@@ -349,19 +357,9 @@ static int dd_index_visit(void *ctx, u64 pba, const u8 *fp)
 	return r;
 }
 
-static void dd_index_forget(void *ctx, u64 pba, const u8 *fp)
+static void dd_index_forget(struct dedup_c *dc, const struct dd_md_freed *f)
 {
-	struct dedup_c *dc = ctx;
-
-	dd_index_remove(&dc->index, fp, pba);
-}
-
-static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
-{
-	struct dedup_c *dc = ctx;
-
-	if (dc->discard_passdown)
-		dd_discard_passdown(dc, begin, end);
+	dd_index_remove(&dc->index, f->fp, f->pba);
 }
 
 static bool dd_pba_in(u64 pba, const u64 *set, unsigned int nr)
@@ -548,6 +546,7 @@ static void dd_unique_done_work(struct work_struct *w)
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
 	struct dd_io *waiter, *tmp;
+	struct dd_md_freed freed;
 	int r = 0, ir;
 
 	down_write(&dc->lock);
@@ -560,7 +559,11 @@ static void dd_unique_done_work(struct work_struct *w)
 		dd_md_free_data_now(dc->md, io->pba);
 		r = -EIO;
 	} else {
-		r = dd_md_map_new(dc->md, io->lba, io->pba, io->fp);
+		r = dd_md_map_new(dc->md, io->lba, io->pba, io->fp, &freed);
+		if (r > 0) {
+			dd_index_forget(dc, &freed);
+			r = 0;
+		}
 		if (r) {
 			dd_metadata_error(dc, "mapping a new block", r);
 		} else {
@@ -605,6 +608,7 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
 {
 	unsigned int attempts = 0, nr_differ = 0;
 	u64 differ[DD_VERIFY_CANDIDATES];
+	struct dd_md_freed freed;
 	u64 pba, seq;
 	u32 refs;
 	int r;
@@ -652,18 +656,26 @@ again:
 			return 0;
 		}
 	}
-	r = dd_md_get_ref(dc->md, pba);
+	r = dd_md_map_duplicate(dc->md, io->lba, pba, &freed);
 	if (r == -EOVERFLOW)
 		return 0;	/* refcount saturated: store another copy */
-	if (r)
+	if (r == -ENOENT) {
+		DMERR_LIMIT("physical block %llu: reference taken on a free block",
+			    pba);
+		return -EILSEQ;
+	}
+	if (r < 0)
 		return r;
-	r = dd_md_map_claimed(dc->md, io->lba, pba);
-	return r ? r : 1;
+	if (r)
+		dd_index_forget(dc, &freed);
+	return 1;
 }
 
 static void dd_write_decide(struct dedup_c *dc, struct dd_io *io)
 {
+	struct dd_md_freed freed;
 	struct dd_io *leader;
+	u64 free_left;
 	int r;
 
 	down_write(&dc->lock);
@@ -672,7 +684,11 @@ static void dd_write_decide(struct dedup_c *dc, struct dd_io *io)
 		goto out;
 	}
 	if (io->flags & DD_IO_ZERO) {
-		r = dd_md_map_zero(dc->md, io->lba);
+		r = dd_md_map_zero(dc->md, io->lba, &freed);
+		if (r > 0) {
+			dd_index_forget(dc, &freed);
+			r = 0;
+		}
 		goto metadata_done;
 	}
 	r = dd_try_dedup(dc, io);
@@ -690,8 +706,8 @@ static void dd_write_decide(struct dedup_c *dc, struct dd_io *io)
 		up_write(&dc->lock);
 		return;
 	}
-	r = dd_md_alloc_data(dc->md, &io->pba);
-	if (r == -ENOSPC && dd_md_pending_data_frees(dc->md)) {
+	r = dd_md_alloc_data(dc->md, &io->pba, &free_left);
+	if (r == -EAGAIN) {
 		/* Blocks freed by this transaction come back at its commit. */
 		spin_lock_irq(&dc->commit_lock);
 		list_add_tail(&io->wait_entry, &dc->nospc_waiters);
@@ -707,7 +723,7 @@ static void dd_write_decide(struct dedup_c *dc, struct dd_io *io)
 	}
 	INIT_LIST_HEAD(&io->waiters);
 	hash_add(dc->inflight, &io->inflight_node, dd_inflight_key(io->fp));
-	dd_low_water_check(dc, dd_md_free_data_blocks(dc->md));
+	dd_low_water_check(dc, free_left);
 	up_write(&dc->lock);
 	dd_submit_unique(dc, io);
 	return;
@@ -755,12 +771,21 @@ static void dd_discard_work(struct work_struct *w)
 {
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
-	u64 n = bio_sectors(dd_bio(io)) / DD_SECTORS_PER_BLOCK, unmapped;
+	u64 n = bio_sectors(dd_bio(io)) / DD_SECTORS_PER_BLOCK, unmapped = 0;
+	u64 next = io->lba, end = io->lba + n;
+	struct dd_md_freed freed[8];
+	unsigned int nr, i;
 	int r = -EIO;
 
 	down_write(&dc->lock);
 	if (READ_ONCE(dc->mode) == DD_MODE_RW) {
-		r = dd_md_unmap_range(dc->md, io->lba, io->lba + n, &unmapped);
+		do {
+			r = dd_md_unmap_range(dc->md, next, end, freed,
+					      ARRAY_SIZE(freed), &nr, &next,
+					      &unmapped);
+			for (i = 0; i < nr; i++)
+				dd_index_forget(dc, &freed[i]);
+		} while (!r && next < end);
 		if (r)
 			dd_metadata_error(dc, "discard", r);
 		else
@@ -1156,8 +1181,6 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		.read_only = dc->read_only,
 		.identity_only = identity_only,
 		.visit = dd_index_visit,
-		.on_free = dd_index_forget,
-		.on_reusable = dd_blocks_reusable,
 		.ctx = dc,
 	};
 	struct dd_metadata *md;

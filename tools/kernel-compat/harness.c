@@ -57,13 +57,20 @@ static int visit(void *ctx, u64 pba, const u8 *fp)
 	return 0;
 }
 
-static void on_free(void *ctx, u64 pba, const u8 *fp)
+static void on_free(struct model *m, const struct dd_md_freed *f)
 {
-	struct model *m = ctx;
-	u64 c = fp_content(fp);
+	u64 c = fp_content(f->fp);
 
-	if (c && c <= m->nr_contents && m->pba_of[c] == (int64_t)pba)
+	if (c && c <= m->nr_contents && m->pba_of[c] == (int64_t)f->pba)
 		m->pba_of[c] = -1;
+}
+
+/* A verb's result, the block it freed dropped from the model: 1 becomes 0. */
+static int freed(struct model *m, int r, const struct dd_md_freed *f)
+{
+	if (r == 1)
+		on_free(m, f);
+	return r > 0 ? 0 : r;
 }
 
 static u64 rng_state;
@@ -108,40 +115,44 @@ static int print_map(struct dd_metadata *md, u64 logical)
 
 static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 {
-	u64 lba = rnd(logical), pba;
+	u64 lba = rnd(logical), pba, left;
+	struct dd_md_freed f[4];
+	unsigned int nr;
 	u8 fp[DD_FP_SIZE];
 	int r;
 
 	if (rnd(100) < 3) {
-		u64 end = lba + 1 + rnd(rnd(8) ? 16 : 1200), n;
+		u64 end = lba + 1 + rnd(rnd(8) ? 16 : 1200), n = 0;
 
 		if (end > logical)
 			end = logical;
-		return dd_md_unmap_range(md, lba, end, &n);
+		do {
+			r = dd_md_unmap_range(md, lba, end, f, 4, &nr, &lba, &n);
+			for (unsigned int i = 0; i < nr; i++)
+				on_free(m, &f[i]);
+		} while (!r && lba < end);
+		return r;
 	}
 	u64 c = rnd(100) < 10 ? 0 : 1 + rnd(m->nr_contents);
 
 	if (!c)
-		return dd_md_map_zero(md, lba);
+		return freed(m, dd_md_map_zero(md, lba, f), f);
 	if (m->pba_of[c] >= 0) {
 		pba = (u64)m->pba_of[c];
-		r = dd_md_get_ref(md, pba);
-		if (r)
-			return r;
-		return dd_md_map_claimed(md, lba, pba);
+		return freed(m, dd_md_map_duplicate(md, lba, pba, f), f);
 	}
-	r = dd_md_alloc_data(md, &pba);
-	if (r == -ENOSPC && dd_md_pending_data_frees(md)) {
-		r = dd_md_commit(md);
+	r = dd_md_alloc_data(md, &pba, &left);
+	if (r == -EAGAIN) {
+		r = dd_md_commit(md, NULL, NULL);
 		if (!r)
-			r = dd_md_alloc_data(md, &pba);
+			r = dd_md_alloc_data(md, &pba, &left);
 	}
 	if (r == -ENOSPC)
 		return 0;	/* the target fails the write; nothing changes */
 	if (r)
 		return r;
 	make_fp(c, fp);
-	r = dd_md_map_new(md, lba, pba, fp);
+	r = freed(m, dd_md_map_new(md, lba, pba, fp, f), f);
 	if (!r)
 		m->pba_of[c] = (int64_t)pba;
 	return r;
@@ -178,7 +189,6 @@ int main(int argc, char **argv)
 	for (u64 i = 0; i <= m.nr_contents; i++)
 		m.pba_of[i] = -1;
 	cfg.visit = visit;
-	cfg.on_free = on_free;
 	cfg.ctx = &m;
 
 	r = dd_md_open(&bdev, &cfg, &md, &error);
@@ -200,10 +210,10 @@ int main(int argc, char **argv)
 		for (u64 i = 0; i < ops && !r; i++) {
 			r = one_op(md, &m, cfg.logical_blocks);
 			if (!r && every && (i + 1) % every == 0)
-				r = dd_md_commit(md);
+				r = dd_md_commit(md, NULL, NULL);
 		}
 		if (!r)
-			r = dd_md_commit(md);
+			r = dd_md_commit(md, NULL, NULL);
 		if (!r)
 			r = print_map(md, cfg.logical_blocks);
 		if (!r)
