@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Durability and modes: when the running transaction commits, who waits
+ * for it (flushes, FUA writes, writes waiting for freed blocks), and what
+ * happens when metadata I/O fails. Owns dc->lock; see dedup-target.h.
+ */
+#define DM_MSG_PREFIX "dedup"
+
+#include <linux/blkdev.h>
+
+#include "dedup-target.h"
+
+const char * const dd_mode_names[] = {
+	[DD_MODE_RW] = "rw",
+	[DD_MODE_RO] = "ro",
+	[DD_MODE_NEEDS_CHECK] = "needs_check",
+};
+
+/* ------------------------------------------------------------------ */
+/* modes and errors */
+
+void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r)
+{
+	if (READ_ONCE(dc->mode) >= mode)
+		return;
+	WRITE_ONCE(dc->mode, mode);
+	DMERR("%s: %s failed (error %d); switching to %s mode%s", dd_name(dc),
+	      what, r, dd_mode_names[mode],
+	      mode == DD_MODE_NEEDS_CHECK ? ": run dedup check" : "");
+}
+
+static int dd_error_mode(int r)
+{
+	return r == -EILSEQ ? DD_MODE_NEEDS_CHECK : DD_MODE_RO;
+}
+
+/*
+ * A metadata change failed, maybe half done: nothing more may reach the
+ * disk, and reads fall back to the last commit.
+ */
+void dd_metadata_error(struct dedup_c *dc, const char *what, int r)
+{
+	lockdep_assert_held_write(&dc->lock);
+	dd_degrade(dc, dd_error_mode(r), what, r);
+	dd_md_abort(dc->md);
+}
+
+/*
+ * A read found the metadata damaged, or a block of the running transaction
+ * that lost its write, while holding the lock shared: roll back to the
+ * last commit as every other metadata error does, so reads show exactly
+ * that commit and nothing of the dead transaction stays dirty.
+ */
+static void dd_abort_work(struct work_struct *w)
+{
+	struct dedup_c *dc = container_of(w, struct dedup_c, abort_work);
+
+	down_write(&dc->lock);
+	dd_md_abort(dc->md);
+	up_write(&dc->lock);
+}
+
+void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r)
+{
+	lockdep_assert_held_read(&dc->lock);
+	dd_degrade(dc, dd_error_mode(r), what, r);
+	queue_work(dc->commit_wq, &dc->abort_work);
+}
+
+/*
+ * dm-bufio writes metadata in the background when dirty blocks pile up and
+ * keeps a failed write's error until it is asked; meanwhile the block is
+ * gone from the cache and the location holds older content. Ask after
+ * every change, so the device stops within one write, not at the next
+ * commit up to commit_interval later.
+ */
+void dd_check_writeback(struct dedup_c *dc)
+{
+	int r;
+
+	lockdep_assert_held_write(&dc->lock);
+	r = dd_md_writeback_error(dc->md);
+	if (r)
+		dd_metadata_error(dc, "background metadata write", r);
+}
+
+void dd_low_water_check(struct dedup_c *dc, u64 free)
+{
+	lockdep_assert_held_write(&dc->lock);
+	if (!dc->low_water_mark || free > dc->low_water_mark ||
+	    dc->low_water_raised)
+		return;
+	dc->low_water_raised = true;
+	DMWARN("%s: free data blocks (%llu) reached the low water mark (%llu)",
+	       dd_name(dc), free, dc->low_water_mark);
+	dm_table_event(dc->ti->table);
+}
+
+/* ------------------------------------------------------------------ */
+/* reads that may touch a block freed in the running transaction */
+
+void dd_read_track(struct dedup_c *dc, struct dd_io *io)
+{
+	lockdep_assert_held(&dc->lock);
+	io->flags |= DD_IO_READ_TRACKED;
+	atomic_inc(&dc->reads_inflight);
+}
+
+void dd_read_untrack(struct dedup_c *dc, struct dd_io *io)
+{
+	if ((io->flags & DD_IO_READ_TRACKED) &&
+	    atomic_dec_and_test(&dc->reads_inflight))
+		wake_up(&dc->reads_wait);
+}
+
+/* ------------------------------------------------------------------ */
+/* commits */
+
+void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
+{
+	spin_lock_irq(&dc->commit_lock);
+	bio_list_add(&dc->commit_waiters, bio);
+	spin_unlock_irq(&dc->commit_lock);
+	queue_work(dc->commit_wq, &dc->commit_work);
+}
+
+/*
+ * The write found the data device full, but the running transaction freed
+ * blocks that come back at its commit: its work runs again after that.
+ */
+void dd_wait_for_frees(struct dedup_c *dc, struct dd_io *io)
+{
+	lockdep_assert_held_write(&dc->lock);
+	spin_lock_irq(&dc->commit_lock);
+	list_add_tail(&io->wait_entry, &dc->nospc_waiters);
+	spin_unlock_irq(&dc->commit_lock);
+	queue_work(dc->commit_wq, &dc->commit_work);
+}
+
+static void dd_discard_passdown(struct dedup_c *dc, u64 begin, u64 end)
+{
+	int r;
+
+	r = blkdev_issue_discard(dc->data_dev->bdev,
+				 begin * DD_SECTORS_PER_BLOCK,
+				 (end - begin) * DD_SECTORS_PER_BLOCK, GFP_NOIO);
+	if (r && r != -EOPNOTSUPP)
+		DMWARN_LIMIT("%s: discard passdown of physical blocks %llu-%llu failed: %d",
+			     dd_name(dc), begin, end - 1, r);
+	else if (!r)
+		atomic64_add(end - begin, &dc->discard_passdown_blocks);
+}
+
+/* Called by dd_md_commit() for each run of blocks the commit freed. */
+static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
+{
+	struct dedup_c *dc = ctx;
+
+	if (dc->discard_passdown)
+		dd_discard_passdown(dc, begin, end);
+}
+
+int dd_commit(struct dedup_c *dc)
+{
+	int r = 0;
+
+	down_write(&dc->lock);
+	if (dc->read_only || !dc->md)
+		goto out;	/* nothing was ever changed */
+	if (READ_ONCE(dc->mode) != DD_MODE_RW) {
+		r = -EIO;
+		goto out;
+	}
+	if (!dd_md_dirty(dc->md))
+		goto out;
+	/* What the new state points at must be stable before the state. */
+	r = blkdev_issue_flush(dc->data_dev->bdev);
+	if (r) {
+		/* The new state may point at data that is not stable. */
+		dd_metadata_error(dc, "flushing the data device", r);
+		goto out;
+	}
+	/*
+	 * Blocks freed in this transaction become reusable below; a read
+	 * that looked one up before it was freed must not see new content.
+	 * New lookups are excluded by the lock.
+	 */
+	if (dd_md_pending_data_frees(dc->md))
+		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
+	r = dd_md_commit(dc->md, dd_blocks_reusable, dc);
+	if (r) {
+		dd_metadata_error(dc, "metadata commit", r);
+		goto out;
+	}
+	dc->commit_seq++;
+	if (dc->low_water_raised &&
+	    dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
+		dc->low_water_raised = false;
+out:
+	up_write(&dc->lock);
+	return r;
+}
+
+static void dd_commit_work(struct work_struct *w)
+{
+	struct dedup_c *dc = container_of(w, struct dedup_c, commit_work);
+	struct dd_io *io, *tmp;
+	struct bio_list bios;
+	struct bio *bio;
+	LIST_HEAD(retry);
+	int r;
+
+	spin_lock_irq(&dc->commit_lock);
+	bios = dc->commit_waiters;
+	bio_list_init(&dc->commit_waiters);
+	list_splice_init(&dc->nospc_waiters, &retry);
+	spin_unlock_irq(&dc->commit_lock);
+
+	r = dd_commit(dc);
+
+	while ((bio = bio_list_pop(&bios)))
+		dd_endio(bio, r ? BLK_STS_IOERR : BLK_STS_OK);
+	/* Their work is the write's own (dedup-io.c): it decides again. */
+	list_for_each_entry_safe(io, tmp, &retry, wait_entry) {
+		list_del_init(&io->wait_entry);
+		queue_work(dc->wq, &io->work);
+	}
+}
+
+static void dd_periodic_commit(struct work_struct *w)
+{
+	struct dedup_c *dc = container_of(to_delayed_work(w), struct dedup_c,
+					  periodic_commit);
+
+	queue_work(dc->commit_wq, &dc->commit_work);
+	queue_delayed_work(dc->commit_wq, &dc->periodic_commit,
+			   dc->commit_interval * HZ);
+}
+
+void dd_commit_init(struct dedup_c *dc)
+{
+	init_rwsem(&dc->lock);
+	spin_lock_init(&dc->commit_lock);
+	bio_list_init(&dc->commit_waiters);
+	INIT_LIST_HEAD(&dc->nospc_waiters);
+	atomic_set(&dc->reads_inflight, 0);
+	init_waitqueue_head(&dc->reads_wait);
+	INIT_WORK(&dc->commit_work, dd_commit_work);
+	INIT_DELAYED_WORK(&dc->periodic_commit, dd_periodic_commit);
+	INIT_WORK(&dc->abort_work, dd_abort_work);
+}
+
+void dd_commit_start(struct dedup_c *dc)
+{
+	if (!dc->read_only)
+		queue_delayed_work(dc->commit_wq, &dc->periodic_commit,
+				   dc->commit_interval * HZ);
+}
+
+/* No commit is started from now on, and none is running. */
+void dd_commit_stop(struct dedup_c *dc)
+{
+	cancel_delayed_work_sync(&dc->periodic_commit);
+	flush_workqueue(dc->wq);
+	flush_workqueue(dc->commit_wq);
+}

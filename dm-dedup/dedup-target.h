@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * What the units of the target share: the per-device and per-bio state,
+ * which unit owns each piece, and the locks.
+ *
+ * Lock order, outermost first (take a later one only while holding none
+ * or some of the earlier ones, never the other way round):
+ *
+ *   dd_instances_lock  mutex    dm-dedup-target.c  table construction only
+ *   dc->lock           rwsem    dedup-commit.c     the metadata, the index,
+ *                                                  the in-flight table
+ *   dc->commit_lock    spinlock dedup-commit.c     flush and no-space waiters
+ *
+ * dm-bufio's client lock nests inside dc->lock (dedup-block.c takes it
+ * through dm-bufio); the index and the in-flight table have no lock of
+ * their own. dc->lock is held shared by map lookups and exclusive by every
+ * change and every commit; no unit takes it other than through the rules
+ * asserted in its functions.
+ *
+ * The units, top to bottom; a unit calls only the ones below it:
+ *
+ *   dm-dedup-target.c  table lines, construction, status, messages,
+ *                      suspend and resume
+ *   dedup-io.c         the life of a bio: reads, the write front end
+ *                      (copy, zero test, hash), unique data I/O, discards
+ *   dedup-decide.c     the dedup decision: the index, the in-flight table,
+ *                      verification, and every metadata change a bio makes
+ *   dedup-commit.c     durability and modes: commits, flush, FUA and
+ *                      no-space waiters, aborts, the low water mark
+ */
+#ifndef DM_DEDUP_TARGET_H
+#define DM_DEDUP_TARGET_H
+
+#include <linux/bio.h>
+#include <linux/device-mapper.h>
+#include <linux/hashtable.h>
+#include <linux/rwsem.h>
+#include <linux/workqueue.h>
+
+#include "dedup-data.h"
+#include "dedup-fingerprint.h"
+#include "dedup-index.h"
+#include "dedup-metadata.h"
+
+#define DD_INFLIGHT_BITS	8
+/* Blocks a discard frees between two updates of the index. */
+#define DD_FREED_BATCH		32
+
+enum dd_mode {
+	DD_MODE_RW,
+	DD_MODE_RO,		/* read_only asked for, or a metadata I/O error */
+	DD_MODE_NEEDS_CHECK,	/* metadata found damaged: run dedup check */
+};
+
+extern const char * const dd_mode_names[];
+
+struct dedup_c {
+	/* dm-dedup-target.c: set up by the constructor, then read-only */
+	struct dm_target *ti;
+	struct list_head instance;	/* on dd_instances */
+	struct dm_dev *meta_dev;
+	struct dm_dev *data_dev;
+	struct dd_metadata *md;		/* under lock, see dedup-commit.c */
+	struct dd_hasher hasher;
+	struct dd_data_pool data_pool;
+	struct bio_set bs;
+	struct workqueue_struct *wq;
+	u64 logical_blocks;
+	u64 data_blocks;
+	unsigned int commit_interval;
+	u64 low_water_mark;
+	bool verify;
+	bool discard_passdown;
+	bool read_only;
+
+	/* dedup-commit.c */
+	struct rw_semaphore lock;
+	int mode;			/* written under lock, read anywhere */
+	u64 commit_seq;			/* successful commits, under lock */
+	bool low_water_raised;		/* under lock */
+	struct workqueue_struct *commit_wq;
+	struct work_struct commit_work;
+	struct delayed_work periodic_commit;
+	struct work_struct abort_work;	/* for errors found under a shared lock */
+	spinlock_t commit_lock;		/* protects the two lists below */
+	struct bio_list commit_waiters;	/* flushes and FUA writes */
+	struct list_head nospc_waiters;	/* writes waiting for freed blocks */
+	/* Reads that may still touch a block freed in this transaction. */
+	atomic_t reads_inflight;
+	wait_queue_head_t reads_wait;
+	atomic64_t discard_passdown_blocks;
+
+	/* dedup-decide.c, all under lock */
+	struct dd_index index;
+	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
+	struct dd_md_freed freed[DD_FREED_BATCH];
+	atomic64_t verify_mismatches;
+	atomic64_t index_full;
+	atomic64_t nospc_errors;
+
+	/* dedup-io.c */
+	atomic64_t data_write_errors;
+	atomic64_t deferred_reads;
+};
+
+enum dd_io_flags {
+	DD_IO_HASHED = 1 << 0,
+	DD_IO_ZERO = 1 << 1,
+	DD_IO_READ_TRACKED = 1 << 2,
+};
+
+/* Per-bio state, in the space dm reserves for the target. */
+struct dd_io {
+	struct dedup_c *dc;
+	struct work_struct work;
+	u64 lba;
+	u64 pba;
+	struct page *data;		/* a write's copy of its block */
+	u8 fp[DD_FP_SIZE];
+	unsigned int flags;
+	blk_status_t status;
+	struct hlist_node inflight_node;
+	struct list_head waiters;	/* same content, waiting for us */
+	struct list_head wait_entry;
+};
+
+static inline struct bio *dd_bio(struct dd_io *io)
+{
+	return dm_bio_from_per_bio_data(io, sizeof(*io));
+}
+
+static inline const char *dd_name(struct dedup_c *dc)
+{
+	return dm_table_device_name(dc->ti->table);
+}
+
+static inline void dd_endio(struct bio *bio, blk_status_t status)
+{
+	bio->bi_status = status;
+	bio_endio(bio);
+}
+
+/* dedup-io.c */
+int dd_io_map(struct dedup_c *dc, struct bio *bio);
+void dd_io_end(struct dedup_c *dc, struct bio *bio);
+
+/* dedup-decide.c */
+enum dd_decision {
+	DD_DONE,	/* mapped (duplicate or zero), or failed */
+	DD_STORE,	/* io->pba is ours: write the data, then dd_decide_stored() */
+	DD_PARKED,	/* queued again later: behind its twin, or for freed blocks */
+};
+
+void dd_decide_init(struct dedup_c *dc);
+int dd_index_visit(void *ctx, u64 pba, const u8 *fp);
+enum dd_decision dd_decide_write(struct dedup_c *dc, struct dd_io *io, int *r);
+int dd_decide_stored(struct dedup_c *dc, struct dd_io *io);
+int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end);
+
+/* dedup-commit.c */
+void dd_commit_init(struct dedup_c *dc);
+void dd_commit_start(struct dedup_c *dc);
+void dd_commit_stop(struct dedup_c *dc);
+int dd_commit(struct dedup_c *dc);
+void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
+void dd_wait_for_frees(struct dedup_c *dc, struct dd_io *io);
+void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
+void dd_metadata_error(struct dedup_c *dc, const char *what, int r);
+void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r);
+void dd_check_writeback(struct dedup_c *dc);
+void dd_low_water_check(struct dedup_c *dc, u64 free);
+void dd_read_track(struct dedup_c *dc, struct dd_io *io);
+void dd_read_untrack(struct dedup_c *dc, struct dd_io *io);
+
+#endif
