@@ -27,10 +27,12 @@ as a repeat and not examined again.  With DD_TORTURE_TRIALS=N (make torture)
 each workload runs N times with other seeds, and longer.
 """
 
+import contextlib
 import errno
 import hashlib
 import os
 import random
+import time
 
 import pytest
 
@@ -127,6 +129,15 @@ class CrashImage:
         self.repeats = 0            # crash points identical to the previous one
         self._last_state = None
         self._formatted = None      # verdict of the last `dedup check`
+        self.seconds = {}           # phase -> seconds spent, for the report
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - t
 
     def close(self):
         self.replayer.close()
@@ -140,14 +151,16 @@ class CrashImage:
         log = self.replayer.log
         for k in points:
             m = last_mark_before(log, k)
-            self.replayer.apply_to(k)
+            with self.phase("replay"):
+                self.replayer.apply_to(k)
             state = (self.replayer.changes, m)
             if state == self._last_state:
                 self.repeats += 1
                 continue
             self._last_state = state
             self.states += 1
-            formatted = self.check(k)
+            with self.phase("dedup check"):
+                formatted = self.check(k)
             if not formatted:
                 assert m is None, "crash point %d after mark %s: superblock missing" % (k, m)
             yield k, m, formatted
@@ -176,11 +189,13 @@ class CrashImage:
         return dev
 
     def open_rw(self, upto):
-        for k in "md":
-            copy_sparse(self.files[k], self.scratch[k])
+        with self.phase("copy"):
+            for k in "md":
+                copy_sparse(self.files[k], self.scratch[k])
         dev = DedupDev("ddtlwy", self.scratch_loops["m"], self.scratch_loops["d"],
                        self.rig.logical, self.rig.opts)
-        dev.activate()
+        with self.phase("activate"):
+            dev.activate()
         st = dev.status()
         assert st["mode"] == "rw", "crash point %d: %s" % (upto, st)
         self.rw_points += 1
@@ -189,7 +204,9 @@ class CrashImage:
     def summary(self, points):
         return "%d crash points: %d distinct and examined, %d repeats of the " \
             "point before (same bytes, same last mark) skipped; %d metadata " \
-            "states checked clean" % (len(points), self.states, self.repeats, self.checked)
+            "states checked clean; seconds spent: %s" % (
+                len(points), self.states, self.repeats, self.checked,
+                ", ".join("%s %.0f" % kv for kv in sorted(self.seconds.items())))
 
 
 def copy_sparse(src, dst):
@@ -501,8 +518,10 @@ def test_logwrites_filesystem(backing, seed, trial, fstype):
         for k, m, _ in img.distinct_points(points):
             dev = img.open_rw(k)
             if m is not None and m >= first:
-                verify_fs(dev, fstype, files, m, k)
-            dev.remove()
+                with img.phase("mount, verify, fsck"):
+                    verify_fs(dev, fstype, files, m, k)
+            with img.phase("remove"):
+                dev.remove()
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked
