@@ -466,6 +466,32 @@ static void dd_block_test_lost_write(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_bm_shadow(bm, nr, &dd_leaf2, &blk), -ESTALE);
 }
 
+/*
+ * A write dm-bufio starts on its own is flagged, so that its error is asked
+ * for before the next commit; writes of dd_bm_write_all() are not.
+ */
+static void dd_block_test_background_write(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_bm *bm = dd_test_bm_create(test, bdev, 16);
+	struct dd_block blk;
+
+	bm->txn = 1;
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	dd_bm_release_dirty(&blk);
+	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
+	KUNIT_EXPECT_FALSE(test, dd_bm_background_writes(bm));
+	KUNIT_EXPECT_EQ(test, dd_bm_writeback_error(bm), 0);
+
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	dd_bm_release_dirty(&blk);
+	/* What dm-bufio does when dirty buffers outnumber clean ones. */
+	dm_bufio_write_dirty_buffers_async(bm->bufio);
+	KUNIT_EXPECT_TRUE(test, dd_bm_background_writes(bm));
+	KUNIT_EXPECT_EQ(test, dd_bm_writeback_error(bm), 0);
+	KUNIT_EXPECT_FALSE(test, dd_bm_background_writes(bm));
+}
+
 /* Generation g goes to slot g % 2, as a full 4 KiB block. */
 static void dd_block_test_super_slots(struct kunit *test)
 {
@@ -520,6 +546,7 @@ static struct kunit_case dd_block_cases[] = {
 	KUNIT_CASE(dd_block_test_no_reuse_before_commit),
 	KUNIT_CASE(dd_block_test_txn_from_ram),
 	KUNIT_CASE(dd_block_test_lost_write),
+	KUNIT_CASE(dd_block_test_background_write),
 	KUNIT_CASE(dd_block_test_super_slots),
 	{}
 };
