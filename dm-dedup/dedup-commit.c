@@ -2,7 +2,8 @@
 /*
  * Durability and modes: when the running transaction commits, who waits
  * for it (flushes, FUA writes, writes waiting for freed blocks), and what
- * happens when metadata I/O fails. Owns dc->lock; see dedup-target.h.
+ * happens when metadata I/O fails. Creates dc->lock; dedup-target.h has
+ * its rules.
  */
 #define DM_MSG_PREFIX "dedup"
 
@@ -257,7 +258,10 @@ void dd_commit_start(struct dedup_c *dc)
 				   dc->commit_interval * HZ);
 }
 
-/* No commit is started from now on, and none is running. */
+/*
+ * Drain: the periodic commit is cancelled, and every bio work and commit
+ * queued so far has run. The caller commits what is left.
+ */
 void dd_commit_stop(struct dedup_c *dc)
 {
 	cancel_delayed_work_sync(&dc->periodic_commit);

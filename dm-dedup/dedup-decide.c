@@ -348,10 +348,9 @@ int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end)
 		r = dd_md_unmap_range(dc->md, begin, end, dc->freed,
 				      ARRAY_SIZE(dc->freed), &nr_freed, &begin,
 				      &unmapped);
-		if (r)
-			break;
+		/* Blocks freed before an error left the index too. */
 		dd_index_forget(dc, dc->freed, nr_freed);
-	} while (begin < end);
+	} while (!r && begin < end);
 	if (r)
 		dd_metadata_error(dc, "discard", r);
 	else

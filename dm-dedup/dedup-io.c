@@ -155,7 +155,7 @@ static void dd_write_work(struct work_struct *w)
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
 	void *p;
-	int r;
+	int r = 0;
 
 	if (!(io->flags & DD_IO_HASHED)) {
 		if (dd_data_is_zero(io->data)) {

@@ -6,25 +6,30 @@
  * Lock order, outermost first (take a later one only while holding none
  * or some of the earlier ones, never the other way round):
  *
- *   dd_instances_lock  mutex    dm-dedup-target.c  table construction only
+ *   dd_instances_lock  mutex    dm-dedup-target.c  construction, destruction
  *   dc->lock           rwsem    dedup-commit.c     the metadata, the index,
  *                                                  the in-flight table
  *   dc->commit_lock    spinlock dedup-commit.c     flush and no-space waiters
  *
  * dm-bufio's client lock nests inside dc->lock (dedup-block.c takes it
  * through dm-bufio); the index and the in-flight table have no lock of
- * their own. dc->lock is held shared by map lookups and exclusive by every
- * change and every commit; no unit takes it other than through the rules
- * asserted in its functions.
+ * their own. dc->lock is one lock for now: dedup-commit.c creates it and
+ * takes it exclusive for commits; the other units take it around their
+ * own steps, shared for map lookups and exclusive for every change, and
+ * each function that relies on it asserts how it must be held.
  *
- * The units, top to bottom; a unit calls only the ones below it:
+ * The units, top to bottom; a unit calls only the ones below it. A lower
+ * unit that must run a write again (it waited for its twin or for freed
+ * blocks) queues the write's own work, dd_write_work in dedup-io.c, and
+ * never calls up.
  *
  *   dm-dedup-target.c  table lines, construction, status, messages,
  *                      suspend and resume
  *   dedup-io.c         the life of a bio: reads, the write front end
  *                      (copy, zero test, hash), unique data I/O, discards
  *   dedup-decide.c     the dedup decision: the index, the in-flight table,
- *                      verification, and every metadata change a bio makes
+ *                      verification (which reads the candidate block),
+ *                      and every metadata change a bio makes
  *   dedup-commit.c     durability and modes: commits, flush, FUA and
  *                      no-space waiters, aborts, the low water mark
  */
@@ -75,7 +80,7 @@ struct dedup_c {
 
 	/* dedup-commit.c */
 	struct rw_semaphore lock;
-	int mode;			/* written under lock, read anywhere */
+	int mode;			/* WRITE_ONCE under lock, read anywhere */
 	u64 commit_seq;			/* successful commits, under lock */
 	bool low_water_raised;		/* under lock */
 	struct workqueue_struct *commit_wq;
@@ -90,7 +95,7 @@ struct dedup_c {
 	wait_queue_head_t reads_wait;
 	atomic64_t discard_passdown_blocks;
 
-	/* dedup-decide.c, all under lock */
+	/* dedup-decide.c: under lock (the stats message reads counts racily) */
 	struct dd_index index;
 	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
 	struct dd_md_freed freed[DD_FREED_BATCH];
