@@ -273,8 +273,7 @@ static void dd_block_test_read_cached(struct kunit *test)
 	struct dd_block blk;
 
 	bm->txn = 1;
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 1);
 	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
 	dd_test_bm_destroy(test, bm);
 
@@ -442,8 +441,7 @@ static void dd_block_test_lost_write(struct kunit *test)
 	u64 nr;
 
 	bm->txn = 1;
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 1);
 	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
 	dd_test_read_block(test, bdev, 2, old);
 	dd_test_bm_commit(test, bm);
@@ -474,17 +472,14 @@ static void dd_block_test_background_write(struct kunit *test)
 {
 	struct block_device *bdev = dd_test_dev_open(test);
 	struct dd_bm *bm = dd_test_bm_create(test, bdev, 16);
-	struct dd_block blk;
 
 	bm->txn = 1;
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 1);
 	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
 	KUNIT_EXPECT_FALSE(test, dd_bm_background_writes(bm));
 	KUNIT_EXPECT_EQ(test, dd_bm_writeback_error(bm), 0);
 
-	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
-	dd_bm_release_dirty(&blk);
+	dd_test_new_leaves(test, bm, 1);
 	/* What dm-bufio does when dirty buffers outnumber clean ones. */
 	dm_bufio_write_dirty_buffers_async(bm->bufio);
 	KUNIT_EXPECT_TRUE(test, dd_bm_background_writes(bm));

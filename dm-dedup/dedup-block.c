@@ -413,16 +413,14 @@ int dd_bm_write_all(struct dd_bm *bm)
  * same exclusion from commits as dd_bm_write_all(): the error is returned
  * once, to whoever asks first.
  */
-int dd_bm_writeback_error(struct dd_bm *bm)
-{
-	if (!test_bit(DD_BM_BACKGROUND_WRITE, &bm->flags))
-		return 0;
-	return dd_bm_write_all(bm);
-}
-
 bool dd_bm_background_writes(struct dd_bm *bm)
 {
 	return test_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);
+}
+
+int dd_bm_writeback_error(struct dd_bm *bm)
+{
+	return dd_bm_background_writes(bm) ? dd_bm_write_all(bm) : 0;
 }
 
 /*

@@ -241,6 +241,16 @@ static struct dd_md_stats dd_test_stats(struct dd_metadata *md)
 	return st;
 }
 
+/* A refused change left no trace: same statistics, transaction still clean. */
+static void dd_test_expect_untouched(struct kunit *test, struct dd_metadata *md,
+				     const struct dd_md_stats *before)
+{
+	struct dd_md_stats now = dd_test_stats(md);
+
+	KUNIT_EXPECT_MEMEQ(test, &now, before, sizeof(now));
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+}
+
 /* The slot holding the superblock with the highest generation. */
 static u64 dd_test_sb_slot(struct kunit *test, struct block_device *bdev,
 			   u8 *raw)
@@ -755,7 +765,7 @@ static void dd_md_test_refcount_max(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
-	struct dd_md_stats st, st2;
+	struct dd_md_stats st;
 	u64 pba;
 
 	pba = dd_test_write(test, md, 0, 1);
@@ -789,9 +799,7 @@ static void dd_md_test_refcount_max(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 3, 0), -EOVERFLOW);
 	/* also for the logical block that already maps it */
 	KUNIT_EXPECT_EQ(test, dd_test_map_dup(test, md, 2, 0), -EOVERFLOW);
-	st2 = dd_test_stats(md);
-	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
-	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	dd_test_expect_untouched(test, md, &st);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, 0), U32_MAX);
 	dd_test_expect_unmapped(test, md, 3);
 	dd_test_expect_map(test, md, 2, 0);
@@ -861,7 +869,7 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
-	struct dd_md_stats st, st2;
+	struct dd_md_stats st;
 	struct dd_md_freed f;
 	u64 dead, live;
 
@@ -879,9 +887,7 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, dead, &f), -ENOENT);
 	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, 50, &f), -ENOENT);
 
-	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
-	st2 = dd_test_stats(md);
-	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
+	dd_test_expect_untouched(test, md, &st);
 	dd_test_expect_unmapped(test, md, 0);
 	dd_test_expect_map(test, md, 1, live);
 	dd_test_expect_unmapped(test, md, 2);
