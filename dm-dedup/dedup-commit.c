@@ -22,9 +22,13 @@ const char * const dd_mode_names[] = {
 
 void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r)
 {
-	if (READ_ONCE(dc->mode) >= mode)
-		return;
-	WRITE_ONCE(dc->mode, mode);
+	int old = READ_ONCE(dc->mode);
+
+	/* Writers fail concurrently: the worst mode wins, logged once. */
+	do {
+		if (old >= mode)
+			return;
+	} while (!try_cmpxchg(&dc->mode, &old, mode));
 	DMERR("%s: %s failed (error %d); switching to %s mode%s", dd_name(dc),
 	      what, r, dd_mode_names[mode],
 	      mode == DD_MODE_NEEDS_CHECK ? ": run dedup check" : "");
@@ -41,7 +45,7 @@ static int dd_error_mode(int r)
  */
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r)
 {
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->lock);
 	dd_degrade(dc, dd_error_mode(r), what, r);
 	dd_md_abort(dc->md);
 }
@@ -79,7 +83,7 @@ void dd_check_writeback(struct dedup_c *dc)
 {
 	int r;
 
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->lock);
 	r = dd_md_writeback_error(dc->md);
 	if (r)
 		dd_metadata_error(dc, "background metadata write", r);
@@ -87,11 +91,10 @@ void dd_check_writeback(struct dedup_c *dc)
 
 void dd_low_water_check(struct dedup_c *dc, u64 free)
 {
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->lock);
 	if (!dc->low_water_mark || free > dc->low_water_mark ||
-	    dc->low_water_raised)
+	    atomic_xchg(&dc->low_water_raised, 1))
 		return;
-	dc->low_water_raised = true;
 	DMWARN("%s: free data blocks (%llu) reached the low water mark (%llu)",
 	       dd_name(dc), free, dc->low_water_mark);
 	dm_table_event(dc->ti->table);
@@ -131,7 +134,7 @@ void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
  */
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_io *io)
 {
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->lock);
 	spin_lock_irq(&dc->commit_lock);
 	list_add_tail(&io->wait_entry, &dc->nospc_waiters);
 	spin_unlock_irq(&dc->commit_lock);
@@ -193,10 +196,9 @@ int dd_commit(struct dedup_c *dc)
 		dd_metadata_error(dc, "metadata commit", r);
 		goto out;
 	}
-	dc->commit_seq++;
-	if (dc->low_water_raised &&
+	if (atomic_read(&dc->low_water_raised) &&
 	    dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
-		dc->low_water_raised = false;
+		atomic_set(&dc->low_water_raised, 0);
 out:
 	up_write(&dc->lock);
 	return r;
@@ -245,6 +247,7 @@ void dd_commit_init(struct dedup_c *dc)
 	bio_list_init(&dc->commit_waiters);
 	INIT_LIST_HEAD(&dc->nospc_waiters);
 	atomic_set(&dc->reads_inflight, 0);
+	atomic_set(&dc->low_water_raised, 0);
 	init_waitqueue_head(&dc->reads_wait);
 	INIT_WORK(&dc->commit_work, dd_commit_work);
 	INIT_DELAYED_WORK(&dc->periodic_commit, dd_periodic_commit);

@@ -3,7 +3,10 @@
  * The dedup decision: for a hashed block, share a live block with the same
  * content or store a new one, and every metadata change a bio makes. Owns
  * the fingerprint index and the table of unique writes in flight, both
- * under dc->lock held exclusive (dedup-target.h).
+ * under dc->index_lock. Writers decide concurrently, each holding the
+ * transaction lock (dc->lock) shared; each metadata verb is atomic on its
+ * own (dedup-metadata.c), so a block found in the index may die before it
+ * is shared, which the sharing verb reports as a soft miss.
  */
 #define DM_MSG_PREFIX "dedup"
 
@@ -12,17 +15,22 @@
 
 #include "dedup-target.h"
 
-/* Verification retries when a commit overtook the compare. */
-#define DD_VERIFY_ATTEMPTS		4
+/* Index candidates taken per trip through dc->index_lock. */
+#define DD_CANDIDATES			8
+/* Candidates ruled out, at most, before a copy is stored anyway. */
+#define DD_RULED_OUT_MAX		16
 /*
  * Candidates compared byte for byte before storing a copy: with a short
  * hash, somebody may have planted a colliding block in front of the real
  * duplicate.
  */
 #define DD_VERIFY_CANDIDATES		8
+/* Logical blocks a discard unmaps per trip through the locks. */
+#define DD_UNMAP_CHUNK			1024
 
 void dd_decide_init(struct dedup_c *dc)
 {
+	spin_lock_init(&dc->index_lock);
 	hash_init(dc->inflight);
 }
 
@@ -45,17 +53,23 @@ int dd_index_visit(void *ctx, u64 pba, const u8 *fp)
 /* Only content on disk may be shared: called once its write completed. */
 static void dd_index_add(struct dedup_c *dc, const u8 *fp, u64 pba)
 {
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->index_lock);
 	if (dd_index_insert(&dc->index, fp, pba))
 		atomic64_inc(&dc->index_full);
 }
 
+/*
+ * Blocks a change freed leave the index before the transaction lock is
+ * dropped, so before the commit that lets them be reused.
+ */
 static void dd_index_forget(struct dedup_c *dc, const struct dd_md_freed *f,
 			    unsigned int nr)
 {
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held_read(&dc->lock);
+	spin_lock(&dc->index_lock);
 	while (nr--)
 		dd_index_remove(&dc->index, f[nr].fp, f[nr].pba);
+	spin_unlock(&dc->index_lock);
 }
 
 /* A change's result: 1 means it freed a block, which leaves the index. */
@@ -75,32 +89,24 @@ static bool dd_pba_in(u64 pba, const u64 *set, unsigned int nr)
 }
 
 /*
- * A live physical block whose full fingerprint equals @fp, other than the
- * @nr_skip in @skip, or -ENODATA. The index only narrows the search; the
- * persistent record decides.
+ * Up to DD_CANDIDATES blocks the index holds for @fp, leaving out the @nr_skip
+ * in @skip. The index only narrows the search; the persistent record
+ * decides, read after the lock is dropped.
  */
-static int dd_find_duplicate(struct dedup_c *dc, const u8 *fp,
-			     const u64 *skip, unsigned int nr_skip, u64 *pba)
+static unsigned int dd_index_candidates(struct dedup_c *dc, const u8 *fp,
+					const u64 *skip, unsigned int nr_skip,
+					u64 *out)
 {
-	u8 stored[DD_FP_SIZE];
 	struct dd_index_iter it;
-	u64 candidate;
-	int r;
+	unsigned int nr = 0;
+	u64 pba;
 
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->index_lock);
 	dd_index_iter_init(&dc->index, fp, &it);
-	while (dd_index_iter_next(&dc->index, &it, &candidate)) {
-		if (dd_pba_in(candidate, skip, nr_skip))
-			continue;
-		r = dd_md_get_fingerprint(dc->md, candidate, stored);
-		if (r)
-			return r;
-		if (!memcmp(stored, fp, DD_FP_SIZE)) {
-			*pba = candidate;
-			return 0;
-		}
-	}
-	return -ENODATA;
+	while (nr < DD_CANDIDATES && dd_index_iter_next(&dc->index, &it, &pba))
+		if (!dd_pba_in(pba, skip, nr_skip))
+			out[nr++] = pba;
+	return nr;
 }
 
 /* ------------------------------------------------------------------ */
@@ -115,7 +121,7 @@ static struct dd_io *dd_inflight_find(struct dedup_c *dc, const u8 *fp)
 {
 	struct dd_io *io;
 
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->index_lock);
 	hash_for_each_possible(dc->inflight, io, inflight_node,
 			       dd_inflight_key(fp))
 		if (!memcmp(io->fp, fp, DD_FP_SIZE))
@@ -125,7 +131,7 @@ static struct dd_io *dd_inflight_find(struct dedup_c *dc, const u8 *fp)
 
 static void dd_inflight_add(struct dedup_c *dc, struct dd_io *io)
 {
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->index_lock);
 	INIT_LIST_HEAD(&io->waiters);
 	hash_add(dc->inflight, &io->inflight_node, dd_inflight_key(io->fp));
 }
@@ -135,13 +141,21 @@ static void dd_inflight_del(struct dedup_c *dc, struct dd_io *io)
 {
 	struct dd_io *waiter, *tmp;
 
-	lockdep_assert_held_write(&dc->lock);
+	lockdep_assert_held(&dc->index_lock);
 	hash_del(&io->inflight_node);
 	/* Their work is the write's own (dedup-io.c): it decides again. */
 	list_for_each_entry_safe(waiter, tmp, &io->waiters, wait_entry) {
 		list_del_init(&waiter->wait_entry);
 		queue_work(dc->wq, &waiter->work);
 	}
+}
+
+/* A leader that will not store after all: its followers decide again. */
+static void dd_inflight_cancel(struct dedup_c *dc, struct dd_io *io)
+{
+	spin_lock(&dc->index_lock);
+	dd_inflight_del(dc, io);
+	spin_unlock(&dc->index_lock);
 }
 
 /* ------------------------------------------------------------------ */
@@ -169,87 +183,114 @@ static int dd_same_content(struct dedup_c *dc, struct dd_io *io, u64 pba)
 	return r;
 }
 
-/* Try to share an existing block. 1: shared, 0: store it, < 0: error. */
-static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
+enum dd_share_result {
+	DD_SHARED,	/* @lba now maps the candidate */
+	DD_RULED_OUT,	/* other content, or the block died meanwhile */
+	DD_DIFFERENT,	/* verify found other bytes under the same fingerprint */
+	DD_COPY,	/* the same content, but store a copy of our own */
+};
+
+/* Share candidate @pba if it holds the write's content; < 0 on error. */
+static int dd_share(struct dedup_c *dc, struct dd_io *io, u64 pba)
 {
-	unsigned int attempts = 0, nr_differ = 0;
-	u64 differ[DD_VERIFY_CANDIDATES];
 	struct dd_md_freed freed;
-	u64 pba, seq;
 	int r;
 
-	lockdep_assert_held_write(&dc->lock);
-again:
-	r = dd_find_duplicate(dc, io->fp, differ, nr_differ, &pba);
-	if (r == -ENODATA)
-		return 0;
-	if (r)
-		return r;
+	lockdep_assert_held_read(&dc->lock);
+	/* Under the metadata lock shared: tag collisions cost no exclusion. */
+	r = dd_md_holds(dc->md, pba, io->fp);
+	if (r <= 0)
+		return r ? r : DD_RULED_OUT;
 	if (dc->verify) {
 		/*
-		 * Compare without the lock. A live block's content never
-		 * changes and a freed block is reused only after a commit: if
-		 * no commit ran meanwhile and the block is still live, what was
-		 * read is what it holds. Holding a reference across the window
-		 * instead could let a commit store a refcount no map entry has.
+		 * The block was live with our fingerprint just now. A live
+		 * block's content never changes, and a freed one is reused only
+		 * after a commit, which our hold on dc->lock keeps out: what is
+		 * read is what the block holds, if the share below finds it
+		 * still live.
 		 */
-		seq = dc->commit_seq;
-		up_write(&dc->lock);
 		r = dd_same_content(dc, io, pba);
-		down_write(&dc->lock);
-		if (READ_ONCE(dc->mode) != DD_MODE_RW)
-			return -EIO;
 		if (r < 0)
-			return 0;	/* unreadable: store a copy of its own */
+			return DD_COPY;	/* unreadable: store a copy of its own */
 		if (!r) {
-			/*
-			 * Different content under the same fingerprint: look
-			 * further, afresh, since the index may have changed
-			 * while the lock was dropped.
-			 */
 			atomic64_inc(&dc->verify_mismatches);
-			if (nr_differ == ARRAY_SIZE(differ))
-				return 0;
-			differ[nr_differ++] = pba;
-			goto again;
-		}
-		if (dc->commit_seq != seq) {
-			if (++attempts < DD_VERIFY_ATTEMPTS)
-				goto again;
-			return 0;
+			return DD_DIFFERENT;
 		}
 	}
-	r = dd_md_map_duplicate(dc->md, io->lba, pba, &freed);
+	r = dd_md_map_duplicate(dc->md, io->lba, pba, io->fp, &freed);
 	if (r == -EOVERFLOW)
-		return 0;	/* refcount saturated: store another copy */
-	if (r == -ENOENT) {
-		if (dc->verify) {
-			/* It died while the lock was dropped for the compare. */
-			if (++attempts < DD_VERIFY_ATTEMPTS)
-				goto again;
-			return 0;
-		}
-		/* The index holds live blocks only. */
-		DMERR_LIMIT("physical block %llu: reference taken on a free block",
-			    pba);
-		return -EILSEQ;
-	}
+		return DD_COPY;	/* refcount saturated */
+	if (r == -ENOENT)
+		return DD_RULED_OUT;	/* its last reference went meanwhile */
 	r = dd_changed(dc, r, &freed);
-	return r ? r : 1;
+	return r ? r : DD_SHARED;
+}
+
+enum dd_dedup_result {
+	DD_DEDUP_SHARED,
+	DD_DEDUP_LEADER,	/* in the in-flight table: store the data */
+	DD_DEDUP_FOLLOWER,	/* parked behind the leader of its content */
+};
+
+/*
+ * Share a live block with the same content, or else become the write that
+ * stores this content (or wait for the one that does). The last step, "no
+ * candidate left, nobody storing it, so we store it", is one hold of
+ * dc->index_lock, so two writers of new content never both store it.
+ */
+static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
+{
+	unsigned int nr, i, nr_out = 0, nr_differ = 0;
+	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX];
+	struct dd_io *leader;
+	bool copy = false;
+	int r;
+
+	lockdep_assert_held_read(&dc->lock);
+	for (;;) {
+		spin_lock(&dc->index_lock);
+		nr = copy ? 0 : dd_index_candidates(dc, io->fp, out, nr_out,
+						    cand);
+		if (!nr) {
+			/* Never share a block before its data is written. */
+			leader = dd_inflight_find(dc, io->fp);
+			if (leader)
+				list_add_tail(&io->wait_entry, &leader->waiters);
+			else
+				dd_inflight_add(dc, io);
+			spin_unlock(&dc->index_lock);
+			return leader ? DD_DEDUP_FOLLOWER : DD_DEDUP_LEADER;
+		}
+		spin_unlock(&dc->index_lock);
+
+		for (i = 0; i < nr && !copy; i++) {
+			r = dd_share(dc, io, cand[i]);
+			if (r < 0)
+				return r;
+			if (r == DD_SHARED)
+				return DD_DEDUP_SHARED;
+			if (r == DD_DIFFERENT &&
+			    ++nr_differ == DD_VERIFY_CANDIDATES)
+				r = DD_COPY;
+			if (r == DD_COPY || nr_out == DD_RULED_OUT_MAX)
+				copy = true;
+			else
+				out[nr_out++] = cand[i];
+		}
+	}
 }
 
 /*
- * Under the lock: map a zero block, share a duplicate, or allocate a block
- * for the data and enter the write in the in-flight table.
+ * A zero block is mapped, a duplicate shared; new content gets a block for
+ * its data and stays in the in-flight table until dd_decide_stored().
  */
 enum dd_decision dd_decide_write(struct dedup_c *dc, struct dd_io *io, int *rp)
 {
 	struct dd_md_freed freed;
-	struct dd_io *leader;
 	u64 free_left;
 	int r;
 
-	down_write(&dc->lock);
+	down_read(&dc->lock);
 	if (READ_ONCE(dc->mode) != DD_MODE_RW) {
 		r = -EIO;
 		goto out;
@@ -260,35 +301,29 @@ enum dd_decision dd_decide_write(struct dedup_c *dc, struct dd_io *io, int *rp)
 		goto metadata_done;
 	}
 	r = dd_try_dedup(dc, io);
-	if (r) {
-		r = r > 0 ? 0 : r;
+	if (r < 0 || r == DD_DEDUP_SHARED) {
+		r = min(r, 0);
 		goto metadata_done;
 	}
-	/*
-	 * Same content already on its way to disk: wait for it rather than
-	 * store it twice, and never share a block before its data is written.
-	 */
-	leader = dd_inflight_find(dc, io->fp);
-	if (leader) {
-		list_add_tail(&io->wait_entry, &leader->waiters);
-		up_write(&dc->lock);
+	if (r == DD_DEDUP_FOLLOWER) {
+		up_read(&dc->lock);
 		return DD_PARKED;
 	}
 	r = dd_md_alloc_data(dc->md, &io->pba, &free_left);
-	if (r == -EAGAIN) {
-		/* Blocks freed by this transaction come back at its commit. */
-		dd_wait_for_frees(dc, io);
-		up_write(&dc->lock);
-		return DD_PARKED;
-	}
 	if (r) {
+		dd_inflight_cancel(dc, io);
+		if (r == -EAGAIN) {
+			/* Blocks freed by this transaction come back at its commit. */
+			dd_wait_for_frees(dc, io);
+			up_read(&dc->lock);
+			return DD_PARKED;
+		}
 		if (r == -ENOSPC)
 			atomic64_inc(&dc->nospc_errors);
 		goto out;
 	}
-	dd_inflight_add(dc, io);
 	dd_low_water_check(dc, free_left);
-	up_write(&dc->lock);
+	up_read(&dc->lock);
 	return DD_STORE;
 
 metadata_done:
@@ -298,9 +333,28 @@ metadata_done:
 	else if (!r)
 		dd_check_writeback(dc);
 out:
-	up_write(&dc->lock);
+	up_read(&dc->lock);
 	*rp = r;
 	return DD_DONE;
+}
+
+/*
+ * A write that overwrote or discarded the block between its mapping and
+ * its entry in the index found nothing to forget: take the entry out here,
+ * or it would outlive the block. A free after the entry went in removes it
+ * itself; the block cannot come back before a commit, which the caller's
+ * hold on dc->lock keeps out.
+ */
+static void dd_index_recheck(struct dedup_c *dc, struct dd_io *io)
+{
+	struct dd_md_freed f = { .pba = io->pba };
+	u32 rc;
+
+	lockdep_assert_held_read(&dc->lock);
+	if (dd_md_get_refcount(dc->md, io->pba, &rc) || rc)
+		return;
+	memcpy(f.fp, io->fp, DD_FP_SIZE);
+	dd_index_forget(dc, &f, 1);
 }
 
 /*
@@ -312,7 +366,7 @@ int dd_decide_stored(struct dedup_c *dc, struct dd_io *io)
 	struct dd_md_freed freed;
 	int r;
 
-	down_write(&dc->lock);
+	down_read(&dc->lock);
 	if (io->status) {
 		dd_md_free_data_now(dc->md, io->pba);
 		r = blk_status_to_errno(io->status);
@@ -322,40 +376,52 @@ int dd_decide_stored(struct dedup_c *dc, struct dd_io *io)
 	} else {
 		r = dd_md_map_new(dc->md, io->lba, io->pba, io->fp, &freed);
 		r = dd_changed(dc, r, &freed);
-		if (r) {
+		if (r)
 			dd_metadata_error(dc, "mapping a new block", r);
-		} else {
-			dd_index_add(dc, io->fp, io->pba);
+		else
 			dd_check_writeback(dc);
-		}
 	}
+	spin_lock(&dc->index_lock);
+	if (!r)
+		dd_index_add(dc, io->fp, io->pba);
 	dd_inflight_del(dc, io);
-	up_write(&dc->lock);
+	spin_unlock(&dc->index_lock);
+	if (!r)
+		dd_index_recheck(dc, io);
+	up_read(&dc->lock);
 	return r;
 }
 
-/* Discard or write zeroes: unmap [begin, end). */
+/*
+ * Discard or write zeroes: unmap [begin, end), a chunk per hold of the
+ * locks so that other I/O and commits run between chunks. A commit may
+ * land between two chunks; the discard is not complete until the last.
+ */
 int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end)
 {
+	struct dd_md_freed freed[DD_FREED_BATCH];
 	unsigned int nr_freed;
 	u64 unmapped = 0;
-	int r = -EIO;
+	int r = 0;
 
-	down_write(&dc->lock);
-	if (READ_ONCE(dc->mode) != DD_MODE_RW)
-		goto out;
-	do {
-		r = dd_md_unmap_range(dc->md, begin, end, dc->freed,
-				      ARRAY_SIZE(dc->freed), &nr_freed, &begin,
+	while (!r && begin < end) {
+		down_read(&dc->lock);
+		if (READ_ONCE(dc->mode) != DD_MODE_RW) {
+			up_read(&dc->lock);
+			return -EIO;
+		}
+		r = dd_md_unmap_range(dc->md, begin,
+				      min(end, begin + DD_UNMAP_CHUNK), freed,
+				      ARRAY_SIZE(freed), &nr_freed, &begin,
 				      &unmapped);
 		/* Blocks freed before an error left the index too. */
-		dd_index_forget(dc, dc->freed, nr_freed);
-	} while (!r && begin < end);
-	if (r)
-		dd_metadata_error(dc, "discard", r);
-	else
-		dd_check_writeback(dc);
-out:
-	up_write(&dc->lock);
+		dd_index_forget(dc, freed, nr_freed);
+		if (r)
+			dd_metadata_error(dc, "discard", r);
+		else
+			dd_check_writeback(dc);
+		up_read(&dc->lock);
+		cond_resched();
+	}
 	return r;
 }

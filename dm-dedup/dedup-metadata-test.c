@@ -134,12 +134,19 @@ static int dd_test_map_new(struct kunit *test, struct dd_metadata *md,
 	return dd_test_freed(test, dd_md_map_new(md, lba, pba, fp, &f), &f);
 }
 
+/*
+ * Share @pba under the fingerprint its record holds (none for a block out
+ * of range: the verb's own answer is what counts).
+ */
 static int dd_test_map_dup(struct kunit *test, struct dd_metadata *md,
 			   u64 lba, u64 pba)
 {
+	u8 fp[DD_FP_SIZE] = {};
 	struct dd_md_freed f;
 
-	return dd_test_freed(test, dd_md_map_duplicate(md, lba, pba, &f), &f);
+	dd_md_get_fingerprint(md, pba, fp);
+	return dd_test_freed(test, dd_md_map_duplicate(md, lba, pba, fp, &f),
+			     &f);
 }
 
 static int dd_test_map_zero(struct kunit *test, struct dd_metadata *md,
@@ -594,12 +601,11 @@ static void dd_md_test_rewrite_same(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	struct dd_test_events *ev = dd_test_ev(cfg);
-	struct dd_md_freed f;
 	u64 pba;
 
 	pba = dd_test_write(test, md, 0, 1);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
-	KUNIT_ASSERT_EQ(test, dd_md_map_duplicate(md, 0, pba, &f), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_dup(test, md, 0, pba), 0);
 	dd_test_expect_map(test, md, 0, pba);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 1);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
@@ -614,7 +620,7 @@ static void dd_md_test_rewrite_same(struct kunit *test)
 
 	/* the same for a block that another logical block shares */
 	dd_test_share(test, md, 1, pba);
-	KUNIT_ASSERT_EQ(test, dd_md_map_duplicate(md, 1, pba, &f), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_map_dup(test, md, 1, pba), 0);
 	dd_test_expect_map(test, md, 1, pba);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 2);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 2);
@@ -871,6 +877,7 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 	struct dd_test_events *ev = dd_test_ev(cfg);
 	struct dd_md_stats st;
 	struct dd_md_freed f;
+	u8 fp[DD_FP_SIZE];
 	u64 dead, live;
 
 	dead = dd_test_write(test, md, 0, 1);
@@ -882,10 +889,19 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 	KUNIT_ASSERT_FALSE(test, dd_md_dirty(md));
 	st = dd_test_stats(md);
 
-	/* over a mapped logical block, an unmapped one, a block never used */
-	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 1, dead, &f), -ENOENT);
-	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, dead, &f), -ENOENT);
-	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, 50, &f), -ENOENT);
+	/*
+	 * over a mapped logical block, an unmapped one, a block never used;
+	 * the dead block's record still holds its fingerprint
+	 */
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, dead, fp), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 1, dead, fp, &f), -ENOENT);
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, dead, fp, &f), -ENOENT);
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, 50, fp, &f), -ENOENT);
+	/* a live block under another fingerprint: reused since it was seen */
+	KUNIT_EXPECT_EQ(test, dd_md_holds(md, live, fp), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_map_duplicate(md, 2, live, fp, &f), -ENOENT);
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, live, fp), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_holds(md, live, fp), 1);
 
 	dd_test_expect_untouched(test, md, &st);
 	dd_test_expect_unmapped(test, md, 0);

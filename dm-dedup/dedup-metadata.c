@@ -6,14 +6,25 @@
 #define DM_MSG_PREFIX "dedup"
 
 #include <linux/device-mapper.h>
+#include <linux/lockdep.h>
+#include <linux/rwsem.h>
 #include <linux/slab.h>
 #include <linux/timekeeping.h>
 
 #include "dedup-array.h"
 #include "dedup-metadata.h"
 
+/*
+ * md->lock guards everything in here: lookups take it shared, changes,
+ * commits and aborts exclusive. It nests inside the target's transaction
+ * lock (dedup-target.h) and outside dm-bufio's. The only call out while
+ * holding it is a commit's dd_reusable_fn, which must not call back into
+ * this unit. bm stays first: tools/kernel-compat's crash reaches the
+ * dm-bufio client through it.
+ */
 struct dd_metadata {
 	struct dd_bm *bm;
+	struct rw_semaphore lock;
 	struct dd_array map;		/* __le64: PBA + 1, 0 = unmapped */
 	struct dd_array refcount;	/* __le32 */
 	struct dd_array fingerprint;	/* u8[DD_FP_SIZE] */
@@ -284,6 +295,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	md = kzalloc(sizeof(*md), GFP_KERNEL);
 	if (!md)
 		return -ENOMEM;
+	init_rwsem(&md->lock);
 	md->cfg = *cfg;
 	md->read_only = cfg->read_only;
 	md->leaf_buf = kmalloc(DD_PAYLOAD_SIZE, GFP_KERNEL);
@@ -369,7 +381,14 @@ int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 	u64 x;
 	int r;
 
+	if (nowait) {
+		if (!down_read_trylock(&md->lock))
+			return -EWOULDBLOCK;
+	} else {
+		down_read(&md->lock);
+	}
 	r = dd_array_lookup(&md->map, lba, &v, nowait);
+	up_read(&md->lock);
 	if (r)
 		return r;
 	x = le64_to_cpu(v);
@@ -384,19 +403,70 @@ int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 	return 0;
 }
 
-int dd_md_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp)
+static int dd_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp)
 {
+	lockdep_assert_held(&md->lock);
 	return dd_array_lookup(&md->fingerprint, pba, fp, false);
 }
 
-int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count)
+static int dd_get_refcount(struct dd_metadata *md, u64 pba, u32 *count)
 {
 	__le32 v;
 	int r;
 
+	lockdep_assert_held(&md->lock);
 	r = dd_array_lookup(&md->refcount, pba, &v, false);
 	if (!r)
 		*count = le32_to_cpu(v);
+	return r;
+}
+
+int dd_md_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp)
+{
+	int r;
+
+	down_read(&md->lock);
+	r = dd_get_fingerprint(md, pba, fp);
+	up_read(&md->lock);
+	return r;
+}
+
+int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count)
+{
+	int r;
+
+	down_read(&md->lock);
+	r = dd_get_refcount(md, pba, count);
+	up_read(&md->lock);
+	return r;
+}
+
+/*
+ * Is @pba live with fingerprint @fp? 1/0, or < 0 on error; *rc is its
+ * refcount.
+ */
+static int dd_holds(struct dd_metadata *md, u64 pba, const u8 *fp, u32 *rc)
+{
+	u8 stored[DD_FP_SIZE];
+	int r;
+
+	lockdep_assert_held(&md->lock);
+	r = dd_get_refcount(md, pba, rc);
+	if (!r && *rc)
+		r = dd_get_fingerprint(md, pba, stored);
+	if (r)
+		return r;
+	return *rc && !memcmp(stored, fp, DD_FP_SIZE);
+}
+
+int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp)
+{
+	u32 rc;
+	int r;
+
+	down_read(&md->lock);
+	r = dd_holds(md, pba, fp, &rc);
+	up_read(&md->lock);
 	return r;
 }
 
@@ -405,6 +475,7 @@ int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count)
 
 static int dd_writable_check(struct dd_metadata *md)
 {
+	lockdep_assert_held_write(&md->lock);
 	if (md->read_only)
 		return -EROFS;
 	md->dirty = true;
@@ -413,21 +484,26 @@ static int dd_writable_check(struct dd_metadata *md)
 
 int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left)
 {
-	int r;
+	int r = -EROFS;
 
+	down_write(&md->lock);
 	if (md->read_only)
-		return -EROFS;
+		goto out;
 	r = dd_space_alloc(&md->data, pba);
 	if (r == -ENOSPC && md->data.nr_pending)
-		return -EAGAIN;
-	if (!r)
+		r = -EAGAIN;
+	else if (!r)
 		*free_left = dd_space_free_blocks(&md->data);
+out:
+	up_write(&md->lock);
 	return r;
 }
 
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba)
 {
+	down_write(&md->lock);
 	dd_space_free_now(&md->data, pba);
+	up_write(&md->lock);
 }
 
 /*
@@ -461,7 +537,7 @@ static int dd_put_ref(struct dd_metadata *md, u64 pba,
 
 	md->live--;
 	freed->pba = pba;
-	r = dd_md_get_fingerprint(md, pba, freed->fp);
+	r = dd_get_fingerprint(md, pba, freed->fp);
 	if (r)
 		return r;
 	dd_space_release(&md->data, pba);
@@ -480,6 +556,7 @@ static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value,
 	u64 old;
 	int r;
 
+	lockdep_assert_held_write(&md->lock);
 	r = dd_array_update(&md->map, lba, &leaf, (void **)&e);
 	if (r)
 		return r;
@@ -495,8 +572,8 @@ static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value,
 	return 0;
 }
 
-int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
-		  struct dd_md_freed *freed)
+static int dd_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
+		      struct dd_md_freed *freed)
 {
 	struct dd_block leaf;
 	void *e;
@@ -529,8 +606,8 @@ int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 	return dd_set_map(md, lba, pba + 1, freed);
 }
 
-int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
-			struct dd_md_freed *freed)
+static int dd_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
+			    const u8 *fp, struct dd_md_freed *freed)
 {
 	struct dd_block leaf;
 	__le32 *e;
@@ -541,13 +618,13 @@ int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 		return -EROFS;
 	/*
 	 * Look before writing: updating the entry would shadow its path into
-	 * the running transaction, and a miss must leave no trace.
+	 * the running transaction, and a miss must leave no trace. A block
+	 * freed and reused since the caller looked holds other content: the
+	 * record decides, in this same step.
 	 */
-	r = dd_md_get_refcount(md, pba, &rc);
-	if (r)
-		return r;
-	if (!rc)
-		return -ENOENT;
+	r = dd_holds(md, pba, fp, &rc);
+	if (r <= 0)
+		return r ? r : -ENOENT;
 	if (rc >= DD_REFCOUNT_MAX)
 		return -EOVERFLOW;
 
@@ -556,7 +633,7 @@ int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 		r = dd_array_update(&md->refcount, pba, &leaf, (void **)&e);
 	if (r)
 		return r;
-	/* The caller serialises changes: the count is the one just read. */
+	/* Changes are exclusive: the count is the one just read. */
 	*e = cpu_to_le32(rc + 1);
 	dd_bm_release_dirty(&leaf);
 
@@ -569,7 +646,8 @@ int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 }
 
 /* Nothing is stored: the block reads back as zeros. */
-int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)
+static int dd_map_zero(struct dd_metadata *md, u64 lba,
+		       struct dd_md_freed *freed)
 {
 	__le64 v;
 	int r;
@@ -583,10 +661,42 @@ int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)
 	return v ? dd_set_map(md, lba, 0, freed) : 0;
 }
 
+int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
+		  struct dd_md_freed *freed)
+{
+	int r;
+
+	down_write(&md->lock);
+	r = dd_map_new(md, lba, pba, fp, freed);
+	up_write(&md->lock);
+	return r;
+}
+
+int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
+			const u8 *fp, struct dd_md_freed *freed)
+{
+	int r;
+
+	down_write(&md->lock);
+	r = dd_map_duplicate(md, lba, pba, fp, freed);
+	up_write(&md->lock);
+	return r;
+}
+
+int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)
+{
+	int r;
+
+	down_write(&md->lock);
+	r = dd_map_zero(md, lba, freed);
+	up_write(&md->lock);
+	return r;
+}
+
 /* Discard / write zeroes. */
-int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
-		      struct dd_md_freed *freed, unsigned int max_freed,
-		      unsigned int *nr_freed, u64 *next, u64 *unmapped)
+static int dd_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
+			  struct dd_md_freed *freed, unsigned int max_freed,
+			  unsigned int *nr_freed, u64 *next, u64 *unmapped)
 {
 	u32 per_leaf = md->map.per_leaf;
 	u64 leaf_nr = div_u64(begin, per_leaf);
@@ -634,12 +744,26 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 	return 0;
 }
 
+int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
+		      struct dd_md_freed *freed, unsigned int max_freed,
+		      unsigned int *nr_freed, u64 *next, u64 *unmapped)
+{
+	int r;
+
+	down_write(&md->lock);
+	r = dd_unmap_range(md, begin, end, freed, max_freed, nr_freed, next,
+			   unmapped);
+	up_write(&md->lock);
+	return r;
+}
+
 /* ------------------------------------------------------------------ */
 /* commit */
 
+/* Exact only while the caller keeps changes out (a commit does). */
 bool dd_md_dirty(struct dd_metadata *md)
 {
-	return md->dirty;
+	return READ_ONCE(md->dirty);
 }
 
 /*
@@ -648,9 +772,16 @@ bool dd_md_dirty(struct dd_metadata *md)
  */
 int dd_md_writeback_error(struct dd_metadata *md)
 {
-	if (md->read_only || md->aborted)
+	int r = 0;
+
+	/* The common case, nothing written behind our back, takes no lock. */
+	if (!dd_bm_background_writes(md->bm))
 		return 0;
-	return dd_bm_writeback_error(md->bm);
+	down_write(&md->lock);
+	if (!md->read_only && !md->aborted)
+		r = dd_bm_writeback_error(md->bm);
+	up_write(&md->lock);
+	return r;
 }
 
 /*
@@ -659,30 +790,37 @@ int dd_md_writeback_error(struct dd_metadata *md)
  * The caller flushed the data device first, so the data the new state
  * points at is stable before the state itself.
  */
+static void dd_abort(struct dd_metadata *md);
+
 int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 {
 	struct dd_superblock sb;
-	int r;
+	int r = 0;
 
-	if (md->read_only)
-		return -EROFS;
+	down_write(&md->lock);
+	if (md->read_only) {
+		r = -EROFS;
+		goto out;
+	}
 	if (!md->dirty)
-		return 0;
+		goto out;
 	r = dd_bm_write_all(md->bm);
 	if (!r) {
 		dd_fill_sb(md, &sb);
 		r = dd_bm_write_super(md->bm, &sb);
 	}
 	if (r) {
-		dd_md_abort(md);
-		return r;
+		dd_abort(md);
+		goto out;
 	}
 	md->sb = sb;
 	dd_bm_next_txn(md->bm);
 	md->dirty = false;
 	dd_space_commit(&md->bm->space, NULL, NULL);
 	dd_space_commit(&md->data, reusable, ctx);
-	return 0;
+out:
+	up_write(&md->lock);
+	return r;
 }
 
 /*
@@ -694,10 +832,11 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
  * free, while this instance still owns the device: later, when a reloaded
  * table may already allocate those blocks, nothing of it is left to write.
  */
-void dd_md_abort(struct dd_metadata *md)
+static void dd_abort(struct dd_metadata *md)
 {
 	const struct dd_superblock *sb = &md->sb;
 
+	lockdep_assert_held_write(&md->lock);
 	/* A failed commit aborts, then its caller does: once is enough. */
 	if (md->aborted)
 		return;
@@ -711,8 +850,16 @@ void dd_md_abort(struct dd_metadata *md)
 	dd_bm_settle(md->bm);
 }
 
+void dd_md_abort(struct dd_metadata *md)
+{
+	down_write(&md->lock);
+	dd_abort(md);
+	up_write(&md->lock);
+}
+
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 {
+	down_read(&md->lock);
 	st->transaction_id = le64_to_cpu(md->sb.hdr.txn);
 	st->metadata_used = md->bm->space.nr_used;
 	st->metadata_total = md->bm->nr_blocks;
@@ -725,14 +872,25 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->duplicate_writes = md->duplicate_writes;
 	st->zero_writes = md->zero_writes;
 	st->discarded = md->discarded;
+	up_read(&md->lock);
 }
 
 u64 dd_md_free_data_blocks(struct dd_metadata *md)
 {
-	return dd_space_free_blocks(&md->data);
+	u64 n;
+
+	down_read(&md->lock);
+	n = dd_space_free_blocks(&md->data);
+	up_read(&md->lock);
+	return n;
 }
 
 u64 dd_md_pending_data_frees(struct dd_metadata *md)
 {
-	return md->data.nr_pending;
+	u64 n;
+
+	down_read(&md->lock);
+	n = md->data.nr_pending;
+	up_read(&md->lock);
+	return n;
 }

@@ -5,8 +5,10 @@
  * a refcount and a fingerprint, and commits. Nothing outside this unit
  * knows the disk layout.
  *
- * Locking: the caller serialises. Changes need exclusive access; lookups may
- * run concurrently with each other.
+ * Locking: every verb takes this unit's own lock (dedup-metadata.c), so
+ * verbs may run concurrently and each one is atomic. A sequence of verbs
+ * is not: a block looked up may die before the next verb, which the verbs
+ * report as soft misses.
  */
 #ifndef DM_DEDUP_METADATA_H
 #define DM_DEDUP_METADATA_H
@@ -72,6 +74,14 @@ int dd_md_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp);
 int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count);
 
 /*
+ * 1 when @pba is live and its fingerprint record equals @fp (DD_FP_SIZE
+ * bytes), else 0; < 0 on error. While the caller keeps commits out, a
+ * block found live keeps its content: a freed block is reused only after
+ * a commit.
+ */
+int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp);
+
+/*
  * A free data block for new content. 0: *pba is allocated and *free_left is
  * the number of free data blocks left. -ENOSPC: none free. -EAGAIN: none free
  * now, but blocks freed by the running transaction come back at its commit.
@@ -91,12 +101,14 @@ int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 /*
  * @lba shares the live block @pba: takes the reference and maps in one step.
  * 1/0 as dd_md_map_new. Soft misses, nothing changed (not even dirtying the
- * transaction): -ENOENT when @pba has no reference (it died),
- * -EOVERFLOW when its refcount is saturated. No log line for either: the
- * caller decides whether -ENOENT is corruption.
+ * transaction): -ENOENT when @pba does not hold @fp's content any more (it
+ * died; a later commit may have let it be reused), -EOVERFLOW when its
+ * refcount is saturated. Liveness and content are checked in the same
+ * step as the reference is taken, so whatever the caller looked up before
+ * may be stale. No log line for either.
  */
 int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
-			struct dd_md_freed *freed);
+			const u8 *fp, struct dd_md_freed *freed);
 
 /* An all-zero block; 1/0 as dd_md_map_new. */
 int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed);

@@ -6,17 +6,20 @@
  * Lock order, outermost first (take a later one only while holding none
  * or some of the earlier ones, never the other way round):
  *
- *   dd_instances_lock  mutex    dm-dedup-target.c  construction, destruction
- *   dc->lock           rwsem    dedup-commit.c     the metadata, the index,
- *                                                  the in-flight table
- *   dc->commit_lock    spinlock dedup-commit.c     flush and no-space waiters
+ *   dd_instances_lock  mutex    dm-dedup-target.c   construction, destruction
+ *   dc->lock           rwsem    dedup-commit.c      the transaction
+ *   md->lock           rwsem    dedup-metadata.c    the metadata
+ *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
+ *                                                   table
+ *   dc->commit_lock    spinlock dedup-commit.c      flush and no-space waiters
  *
- * dm-bufio's client lock nests inside dc->lock (dedup-block.c takes it
- * through dm-bufio); the index and the in-flight table have no lock of
- * their own. dc->lock is one lock for now: dedup-commit.c creates it and
- * takes it exclusive for commits; the other units take it around their
- * own steps, shared for map lookups and exclusive for every change, and
- * each function that relies on it asserts how it must be held.
+ * dc->lock is the transaction lock: every bio step that reads or changes
+ * the metadata holds it shared, and a commit holds it exclusive, so the
+ * transaction a commit writes holds only whole steps. md->lock is taken
+ * inside each metadata verb and never held across verbs; dm-bufio's client
+ * lock nests inside it. dc->index_lock is held for index and in-flight
+ * table operations only, never across I/O or a metadata verb. Each
+ * function that relies on a lock asserts how it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
  * unit that must run a write again (it waited for its twin or for freed
@@ -40,6 +43,7 @@
 #include <linux/device-mapper.h>
 #include <linux/hashtable.h>
 #include <linux/rwsem.h>
+#include <linux/spinlock.h>
 #include <linux/workqueue.h>
 
 #include "dedup-data.h"
@@ -48,8 +52,8 @@
 #include "dedup-metadata.h"
 
 #define DD_INFLIGHT_BITS	8
-/* Blocks a discard frees between two updates of the index. */
-#define DD_FREED_BATCH		32
+/* Blocks a discard frees between two updates of the index (on the stack). */
+#define DD_FREED_BATCH		16
 
 enum dd_mode {
 	DD_MODE_RW,
@@ -79,10 +83,9 @@ struct dedup_c {
 	bool read_only;
 
 	/* dedup-commit.c */
-	struct rw_semaphore lock;
-	int mode;			/* WRITE_ONCE under lock, read anywhere */
-	u64 commit_seq;			/* successful commits, under lock */
-	bool low_water_raised;		/* under lock */
+	struct rw_semaphore lock;	/* the transaction, see above */
+	int mode;			/* only raised, by cmpxchg; read anywhere */
+	atomic_t low_water_raised;	/* set by a writer, cleared by commit */
 	struct workqueue_struct *commit_wq;
 	struct work_struct commit_work;
 	struct delayed_work periodic_commit;
@@ -95,10 +98,10 @@ struct dedup_c {
 	wait_queue_head_t reads_wait;
 	atomic64_t discard_passdown_blocks;
 
-	/* dedup-decide.c: under lock (the stats message reads counts racily) */
+	/* dedup-decide.c (the stats message reads the index's counts racily) */
+	spinlock_t index_lock;		/* protects the two below */
 	struct dd_index index;
 	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
-	struct dd_md_freed freed[DD_FREED_BATCH];
 	atomic64_t verify_mismatches;
 	atomic64_t index_full;
 	atomic64_t nospc_errors;
@@ -124,9 +127,9 @@ struct dd_io {
 	u8 fp[DD_FP_SIZE];
 	unsigned int flags;
 	blk_status_t status;
-	struct hlist_node inflight_node;
+	struct hlist_node inflight_node;	/* under dc->index_lock */
 	struct list_head waiters;	/* same content, waiting for us */
-	struct list_head wait_entry;
+	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
 };
 
 static inline struct bio *dd_bio(struct dd_io *io)

@@ -17,7 +17,7 @@
 #define DD_DEFAULT_HASH			"sha256"
 #define DD_DEFAULT_COMMIT_INTERVAL	1	/* seconds */
 #define DD_MAX_COMMIT_INTERVAL		3600
-/* Bounds how long one discard holds the metadata lock. */
+/* One discard bio at most; dedup-decide.c unmaps it in smaller chunks. */
 #define DD_MAX_DISCARD_SECTORS		(64ULL << (20 - SECTOR_SHIFT))
 /*
  * Copies of data blocks kept in reserve for writes (1 MiB). A writer that
@@ -63,9 +63,8 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			DMEMIT("inactive");
 			break;
 		}
-		down_read(&dc->lock);
+		/* A snapshot under the metadata lock; no wait for commits. */
 		dd_md_stats(dc->md, &st);
-		up_read(&dc->lock);
 		DMEMIT("%s %llu %llu/%llu %llu/%llu %llu %llu %llu %llu %llu %s %s %s",
 		       dd_mode_names[READ_ONCE(dc->mode)], st.transaction_id,
 		       st.metadata_used, st.metadata_total, st.data_used,
@@ -113,9 +112,7 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	struct dd_md_stats st;
 	u64 written;
 
-	down_read(&dc->lock);
 	dd_md_stats(dc->md, &st);
-	up_read(&dc->lock);
 	written = st.unique_writes + st.duplicate_writes + st.zero_writes;
 
 	DMEMIT("mode %s\n", dd_mode_names[READ_ONCE(dc->mode)]);
@@ -141,7 +138,7 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("index_bytes %llu\n", index_bytes);
 	DMEMIT("index_bytes_per_data_block_x100 %llu\n",
 	       div64_u64(index_bytes * 100, st.data_total));
-	DMEMIT("index_entries %llu\n", dc->index.nr_entries);
+	DMEMIT("index_entries %llu\n", READ_ONCE(dc->index.nr_entries));
 	DMEMIT("index_full %lld\n", atomic64_read(&dc->index_full));
 	DMEMIT("verify_mismatches %lld\n",
 	       atomic64_read(&dc->verify_mismatches));

@@ -137,9 +137,10 @@ static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 
 	if (!c)
 		return freed(m, dd_md_map_zero(md, lba, f), f);
+	make_fp(c, fp);
 	if (m->pba_of[c] >= 0) {
 		pba = (u64)m->pba_of[c];
-		return freed(m, dd_md_map_duplicate(md, lba, pba, f), f);
+		return freed(m, dd_md_map_duplicate(md, lba, pba, fp, f), f);
 	}
 	r = dd_md_alloc_data(md, &pba, &left);
 	if (r == -EAGAIN) {
@@ -151,7 +152,6 @@ static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 		return 0;	/* the target fails the write; nothing changes */
 	if (r)
 		return r;
-	make_fp(c, fp);
 	r = freed(m, dd_md_map_new(md, lba, pba, fp, f), f);
 	if (!r)
 		m->pba_of[c] = (int64_t)pba;

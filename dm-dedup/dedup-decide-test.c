@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * KUnit tests of the dedup decision (dedup-decide.c) on its own: a device
+ * state with real metadata on the test ram disk and a real index, and
+ * writes whose data never goes anywhere. A write the decision hands a
+ * block (DD_STORE) is declared written at once with dd_decide_stored(),
+ * as dedup-io.c does when the data write completes.
+ */
+#include <kunit/test.h>
+#include <linux/workqueue.h>
+
+#include "dedup-target.h"
+#include "dedup-test-util.h"
+
+/* A write as the decision sees it, and what became of it. */
+struct dd_test_write {
+	struct dd_io io;
+	atomic_t *done;
+	int r;
+};
+
+static void dd_test_dc_put(void *p)
+{
+	struct dedup_c *dc = p;
+
+	destroy_workqueue(dc->wq);
+	dd_index_exit(&dc->index);
+}
+
+/* A device state as the constructor leaves it, without a table or bios. */
+static struct dedup_c *dd_test_dc(struct kunit *test, u64 logical, u64 data)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dedup_c *dc = kunit_kzalloc(test, sizeof(*dc), GFP_KERNEL);
+	struct dd_md_config cfg;
+
+	KUNIT_ASSERT_NOT_NULL(test, dc);
+	dd_commit_init(dc);
+	dd_decide_init(dc);
+	KUNIT_ASSERT_EQ(test, dd_index_init(&dc->index, data), 0);
+	dc->wq = alloc_workqueue("dd-decide-test", WQ_UNBOUND, 0);
+	if (!dc->wq)
+		dd_index_exit(&dc->index);
+	KUNIT_ASSERT_NOT_NULL(test, dc->wq);
+	KUNIT_ASSERT_EQ(test, kunit_add_action_or_reset(test, dd_test_dc_put, dc),
+			0);
+	dd_test_md_config(&cfg, logical, data);
+	cfg.visit = dd_index_visit;
+	cfg.ctx = dc;
+	dc->md = dd_test_md_open(test, bdev, &cfg);
+	dc->logical_blocks = logical;
+	dc->data_blocks = data;
+	return dc;
+}
+
+static void dd_test_requeued(struct work_struct *w)
+{
+	struct dd_test_write *tw = container_of(w, struct dd_test_write,
+						io.work);
+
+	atomic_inc(tw->done);
+}
+
+/* A hashed write of content @seed (0: a zero block) to @lba. */
+static struct dd_test_write *dd_test_new_write(struct kunit *test,
+					       struct dedup_c *dc, u64 lba,
+					       u64 seed, atomic_t *done)
+{
+	struct dd_test_write *tw = kunit_kzalloc(test, sizeof(*tw), GFP_KERNEL);
+
+	KUNIT_ASSERT_NOT_NULL(test, tw);
+	tw->io.dc = dc;
+	tw->io.lba = lba;
+	tw->io.flags = DD_IO_HASHED;
+	if (seed)
+		dd_test_fp(tw->io.fp, seed);
+	else
+		tw->io.flags |= DD_IO_ZERO;
+	INIT_LIST_HEAD(&tw->io.wait_entry);
+	INIT_WORK(&tw->io.work, dd_test_requeued);
+	tw->done = done;
+	return tw;
+}
+
+/* Decide, and complete a DD_STORE write as its data write would. */
+static enum dd_decision dd_test_decide(struct dedup_c *dc,
+				       struct dd_test_write *tw)
+{
+	enum dd_decision d = dd_decide_write(dc, &tw->io, &tw->r);
+
+	if (d == DD_STORE)
+		tw->r = dd_decide_stored(dc, &tw->io);
+	return d;
+}
+
+static struct dd_md_stats dd_test_dc_stats(struct dedup_c *dc)
+{
+	struct dd_md_stats st;
+
+	dd_md_stats(dc->md, &st);
+	return st;
+}
+
+static u64 dd_test_map_of(struct kunit *test, struct dedup_c *dc, u64 lba)
+{
+	u64 pba = U64_MAX;
+
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, lba, &pba, false), 0);
+	return pba;
+}
+
+static void dd_decide_test_store_then_share(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	struct dd_test_write *a = dd_test_new_write(test, dc, 0, 1, NULL);
+	struct dd_test_write *b = dd_test_new_write(test, dc, 9, 1, NULL);
+	struct dd_test_write *z = dd_test_new_write(test, dc, 9, 0, NULL);
+	struct dd_md_stats st;
+
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, a), DD_STORE);
+	KUNIT_EXPECT_EQ(test, a->r, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, b), DD_DONE);
+	KUNIT_EXPECT_EQ(test, b->r, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 9), a->io.pba);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.data_live, 1);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 1);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 1);
+
+	/* A zero write unmaps; the shared block keeps its other sharer. */
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, z), DD_DONE);
+	KUNIT_EXPECT_EQ(test, z->r, 0);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.mapped, 1);
+	KUNIT_EXPECT_EQ(test, st.data_live, 1);
+}
+
+/*
+ * The same new content while its first copy is on its way: the second
+ * write waits and is run again when the first is mapped, then shares it.
+ * Other content does not wait.
+ */
+static void dd_decide_test_follower(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	atomic_t requeued = ATOMIC_INIT(0);
+	struct dd_test_write *lead = dd_test_new_write(test, dc, 0, 7, &requeued);
+	struct dd_test_write *twin = dd_test_new_write(test, dc, 1, 7, &requeued);
+	struct dd_test_write *other = dd_test_new_write(test, dc, 2, 8, &requeued);
+
+	KUNIT_ASSERT_EQ(test, dd_decide_write(dc, &lead->io, &lead->r), DD_STORE);
+	KUNIT_EXPECT_EQ(test, dd_decide_write(dc, &twin->io, &twin->r),
+			DD_PARKED);
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, other), DD_STORE);
+	flush_workqueue(dc->wq);
+	KUNIT_EXPECT_EQ(test, atomic_read(&requeued), 0);
+
+	KUNIT_EXPECT_EQ(test, dd_decide_stored(dc, &lead->io), 0);
+	flush_workqueue(dc->wq);
+	KUNIT_EXPECT_EQ(test, atomic_read(&requeued), 1);
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, twin), DD_DONE);
+	KUNIT_EXPECT_EQ(test, twin->r, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 1), lead->io.pba);
+	KUNIT_EXPECT_EQ(test, dd_test_dc_stats(dc).data_live, 2);
+}
+
+/*
+ * The index still names a block whose last reference went (a step of
+ * another write freed it between our index lookup and our share): the
+ * share is a soft miss and the write stores a copy of its own, never
+ * sharing the dead block and never calling it corruption.
+ */
+static void dd_decide_test_candidate_died(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	struct dd_test_write *a = dd_test_new_write(test, dc, 0, 3, NULL);
+	struct dd_test_write *b = dd_test_new_write(test, dc, 1, 3, NULL);
+	struct dd_md_freed freed;
+	struct dd_md_stats st;
+
+	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, a), DD_STORE);
+	KUNIT_ASSERT_EQ(test, a->r, 0);
+	/* The metadata step alone, as if the index update had not run yet. */
+	KUNIT_ASSERT_EQ(test, dd_md_map_zero(dc->md, 0, &freed), 1);
+	KUNIT_EXPECT_EQ(test, freed.pba, a->io.pba);
+
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, b), DD_STORE);
+	KUNIT_EXPECT_EQ(test, b->r, 0);
+	KUNIT_EXPECT_NE(test, b->io.pba, a->io.pba);
+	KUNIT_EXPECT_EQ(test, READ_ONCE(dc->mode), DD_MODE_RW);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.data_live, 1);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 0);
+}
+
+/*
+ * Worse: the index still names a block that was freed, committed and
+ * reused for other content. Its record now holds that content, and the
+ * share checks record and liveness in one step: never shared.
+ */
+static void dd_decide_test_candidate_reused(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 1);
+	struct dd_test_write *a = dd_test_new_write(test, dc, 0, 3, NULL);
+	struct dd_test_write *x = dd_test_new_write(test, dc, 1, 4, NULL);
+	struct dd_test_write *a2 = dd_test_new_write(test, dc, 2, 3, NULL);
+	struct dd_md_freed freed;
+	u64 pba;
+
+	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, a), DD_STORE);
+	KUNIT_ASSERT_EQ(test, a->r, 0);
+	KUNIT_ASSERT_EQ(test, dd_md_map_zero(dc->md, 0, &freed), 1);
+	KUNIT_ASSERT_EQ(test, dd_md_commit(dc->md, NULL, NULL), 0);
+	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, x), DD_STORE);
+	KUNIT_ASSERT_EQ(test, x->io.pba, a->io.pba);	/* the only block */
+
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, a2), DD_DONE);
+	KUNIT_EXPECT_EQ(test, a2->r, -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 2, &pba, false), -ENODATA);
+	KUNIT_EXPECT_EQ(test, dd_test_dc_stats(dc).duplicate_writes, 0);
+}
+
+/*
+ * No block left: the write fails with ENOSPC and leaves the in-flight
+ * table, so the next write of the same content fails too instead of
+ * waiting forever behind it.
+ */
+static void dd_decide_test_full(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 2);
+	struct dd_test_write *w[4];
+	int i;
+
+	for (i = 0; i < 4; i++)
+		w[i] = dd_test_new_write(test, dc, i, i < 2 ? i + 1 : 5, NULL);
+	for (i = 0; i < 2; i++) {
+		KUNIT_EXPECT_EQ(test, dd_test_decide(dc, w[i]), DD_STORE);
+		KUNIT_EXPECT_EQ(test, w[i]->r, 0);
+	}
+	for (i = 2; i < 4; i++) {
+		KUNIT_EXPECT_EQ(test, dd_test_decide(dc, w[i]), DD_DONE);
+		KUNIT_EXPECT_EQ(test, w[i]->r, -ENOSPC);
+	}
+	KUNIT_EXPECT_EQ(test, atomic64_read(&dc->nospc_errors), 2);
+}
+
+/* Many writers at once: run the decision, and again whenever requeued. */
+static void dd_test_decide_work(struct work_struct *w)
+{
+	struct dd_test_write *tw = container_of(w, struct dd_test_write,
+						io.work);
+
+	if (dd_test_decide(tw->io.dc, tw) != DD_PARKED)
+		atomic_inc(tw->done);
+}
+
+/*
+ * Writes of two contents to 32 logical blocks, all queued at once on an
+ * unbound workqueue: each content is stored exactly once and every block
+ * maps the copy of its own content.
+ */
+static void dd_decide_test_concurrent_writers(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	atomic_t done = ATOMIC_INIT(0);
+	struct dd_test_write *w[32];
+	struct dd_md_stats st;
+	u64 pba[2] = { U64_MAX, U64_MAX };
+	int i, n;
+
+	for (i = 0; i < ARRAY_SIZE(w); i++) {
+		w[i] = dd_test_new_write(test, dc, i, 11 + i % 2, &done);
+		INIT_WORK(&w[i]->io.work, dd_test_decide_work);
+	}
+	for (i = 0; i < ARRAY_SIZE(w); i++)
+		queue_work(dc->wq, &w[i]->io.work);
+	/* Requeued followers are queued after a flush began: flush again. */
+	for (n = 0; n < 100 && atomic_read(&done) < ARRAY_SIZE(w); n++)
+		flush_workqueue(dc->wq);
+	KUNIT_ASSERT_EQ(test, atomic_read(&done), ARRAY_SIZE(w));
+
+	for (i = 0; i < ARRAY_SIZE(w); i++) {
+		u64 p = dd_test_map_of(test, dc, i);
+
+		KUNIT_EXPECT_EQ(test, w[i]->r, 0);
+		if (pba[i % 2] == U64_MAX)
+			pba[i % 2] = p;
+		KUNIT_EXPECT_EQ(test, p, pba[i % 2]);
+	}
+	KUNIT_EXPECT_NE(test, pba[0], pba[1]);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.data_live, 2);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 2);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, ARRAY_SIZE(w) - 2);
+	KUNIT_EXPECT_EQ(test, st.mapped, ARRAY_SIZE(w));
+}
+
+static struct kunit_case dd_decide_cases[] = {
+	KUNIT_CASE(dd_decide_test_store_then_share),
+	KUNIT_CASE(dd_decide_test_follower),
+	KUNIT_CASE(dd_decide_test_candidate_died),
+	KUNIT_CASE(dd_decide_test_candidate_reused),
+	KUNIT_CASE(dd_decide_test_full),
+	KUNIT_CASE(dd_decide_test_concurrent_writers),
+	{}
+};
+
+static struct kunit_suite dd_decide_suite = {
+	.name = "dm_dedup_decide",
+	.test_cases = dd_decide_cases,
+};
+
+kunit_test_suite(dd_decide_suite);
