@@ -5,7 +5,9 @@
 # usage: scripts/bench-profile.sh [WORKLOAD...]   (default: seq0 seq100 rand50)
 # Output: the fio figures, the target's counters and perf's top symbols per
 # workload on stdout; perf data in tests/out/bench-profile/.
-# Environment: PROFILE_BYTES (256M), BENCH_CACHE, SKIP_BUILD=1.
+# Environment: PROFILE_BYTES (256M), BENCH_CACHE, SKIP_BUILD=1, and
+# PROFILE_MODULES="LABEL=KO ..." to profile several builds of the module in
+# one boot (default: this tree's).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,7 +25,7 @@ truncate -s 12G "$CACHE/disks/prof-data.img"
 truncate -s 1G "$CACHE/disks/prof-meta.img"
 q() { printf '%q' "$1"; }
 CMD="export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") PROFILE_OUT=$(q "$OUT")
-export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}")
+export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}") PROFILE_MODULES=$(q "${PROFILE_MODULES:-}")
 bash $(q "$REPO/tests/bench/profile.sh") $*"
 rc=0
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-3600} "$REPO/scripts/guest-run.sh" --no-debug --memory 6G --rwdir "$OUT" \

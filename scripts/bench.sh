@@ -9,7 +9,10 @@
 #   4. boots the guest once with three disks (data 12 GiB, meta 1 GiB, the
 #      pool) and 10 GiB of RAM (the pool fits in its page cache), and runs
 #      tests/bench/bench.py (25 to 40 minutes under TCG);
-#   5. writes the table, JSON and charts (tests/bench/report.py).
+#   5. in the same boot, profiles dm-dedup's write path (tests/bench/profile.sh:
+#      CPU samples, the block copy next to the hash, lock contention);
+#   6. writes the table, JSON and charts (tests/bench/report.py) and the
+#      profile (profile.txt).
 #
 # Results: Documentation/benchmarks/ (results.json, results.rst, *.png), which
 # Documentation/benchmarks.rst includes.  A quick smoke run (BENCH_QUICK=1:
@@ -18,7 +21,9 @@
 # Environment: BENCH_REPS (3), BENCH_QUICK, BENCH_STACKS ("raw thin vdo
 # dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync pool"),
 # BENCH_CACHE (/var/cache/dm-dedup-bench), BENCH_OUT (result directory),
-# BENCH_DATA_GIB (12), SKIP_DEPS=1, SKIP_BUILD=1, GUEST_TIMEOUT (7200).
+# BENCH_DATA_GIB (12), BENCH_PROFILE (workloads for profile.sh, default
+# "seq0 seq100 rand50"; "none" skips it), SKIP_DEPS=1, SKIP_BUILD=1,
+# GUEST_TIMEOUT (7200).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +41,9 @@ else
     REPS=${BENCH_REPS:-3}
 fi
 DATA_GIB=${BENCH_DATA_GIB:-12}
+PROFILE=${BENCH_PROFILE:-seq0 seq100 rand50}
+PROFILE_BYTES=256M
+[ "$QUICK" = 1 ] && PROFILE_BYTES=32M
 
 if [ "${SKIP_DEPS:-0}" != 1 ]; then
     say "installing dependencies"
@@ -97,7 +105,10 @@ CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$
 export BENCH_STACKS=$(q "${BENCH_STACKS:-raw thin vdo dedup}")
 export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync pool}")
 export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/target/release/dedup")
-/usr/bin/python3 $(q "$REPO/tests/bench/bench.py")"
+/usr/bin/python3 $(q "$REPO/tests/bench/bench.py") || exit
+[ $(q "$PROFILE") = none ] && exit 0
+PROFILE_OUT=$(q "$SCRATCH/profile") PROFILE_BYTES=$(q "$PROFILE_BYTES") \
+    bash $(q "$REPO/tests/bench/profile.sh") $PROFILE >$(q "$SCRATCH/profile.txt") 2>&1"
 
 say "booting the guest (results in $SCRATCH)"
 start=$(date +%s)
@@ -114,4 +125,8 @@ say "guest finished after $(( $(date +%s) - start )) s"
     --host-cpu "$host_cpu" --host-cores "$(nproc)" \
     --host-mem "$(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo)" \
     --qemu "$qemu_ver" --commit "$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)"
+if [ -s "$SCRATCH/profile.txt" ]; then
+    cp "$SCRATCH/profile.txt" "$OUT/profile.txt"
+    say "profile: $OUT/profile.txt"
+fi
 say "results: $OUT/results.rst, $OUT/results.json, $OUT/*.png"

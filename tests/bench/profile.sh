@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Where a dm-dedup write spends its CPU time: a kernel profile of one fio run.
-# Runs INSIDE the guest (scripts/bench-profile.sh boots it with the same
-# disks as the benchmark).  TCG has no PMU, so perf samples the cpu-clock
-# software event on both vCPUs.
+# Where a dm-dedup write spends its CPU time, and where it waits for locks:
+# per workload, a kernel CPU profile of one fio run, then a lock contention
+# profile of a second one. Runs INSIDE the guest (scripts/bench-profile.sh
+# boots it with the same disks as the benchmark). TCG has no PMU, so perf
+# samples the cpu-clock software event on both vCPUs; the lock profile
+# comes from the kernel's lock:contention_begin/end tracepoints.
 #
 # usage: profile.sh WORKLOAD...   (seq0: 1 MiB writes, unique data;
 #                                  seq100: 1 MiB writes, all duplicates;
 #                                  rand50: 4 KiB random writes, 50 % duplicates)
-# Environment: PROFILE_BYTES (256M), DEDUP_KO, PROFILE_OUT (directory).
+# Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
+# module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
+# boot (before and after a change), default "dm-dedup=$DEDUP_KO".
 set -euo pipefail
 
 disk() { for b in /sys/block/*; do
@@ -20,37 +24,64 @@ mkdir -p "$OUT"
 
 echo 0 >/proc/sys/kernel/kptr_restrict   # perf needs the kernel's symbol addresses
 for m in dm-mod dm-bufio libcrc32c; do modprobe "$m" 2>/dev/null || true; done
-[ -d /sys/module/dm_dedup ] || insmod "${DEDUP_KO:?}"
 
-for w in "$@"; do
-    case "$w" in
-        seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
-        seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
-        rand50) opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=50) ;;
-        *) echo "unknown workload $w" >&2; exit 2 ;;
-    esac
+fio_run() { # fio_run WORKLOAD OUTFILE [perf prefix...]
+    local w=$1 out=$2; shift 2
+    "$@" fio --name=prof --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
+        --refill_buffers=1 --scramble_buffers=0 --randseed=7 --size="$BYTES" \
+        "${opts[@]}" --output-format=terse --terse-version=3 >"$out" 2>&1
+}
+
+fresh_device() {
     blkdiscard "$DATA"; blkdiscard "$META"
     S=$(blockdev --getsz "$DATA")
     dmsetup create prof-dedup --table "0 $((2 * S)) dedup $META $DATA"
-    echo "=== $w: fio ${opts[*]} --size=$BYTES under perf ==="
-    perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$w.data" -- \
-        fio --name=prof --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
-            --refill_buffers=1 --scramble_buffers=0 --randseed=7 --size="$BYTES" \
-            "${opts[@]}" --output-format=terse --terse-version=3 >"$OUT/$w.fio" 2>&1
-    awk -F';' '{printf "fio: write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$w.fio"
-    dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
-    dmsetup remove prof-dedup
-    echo "--- where the CPU time went (self time, top symbols) ---"
-    perf report -q -i "$OUT/$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
-        --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | head -n 40
-    # The write path copies each block into a page of its own before the
-    # zero test and the hash (dedup-data.h); this is what that costs next
-    # to the hash, both with what they call (memcpy, the SHA-256 rounds).
-    echo "--- the block copy next to the zero test and the hash (inclusive) ---"
-    perf report -q -i "$OUT/$w.data" --kallsyms=/proc/kallsyms --children --sort sym --stdio -g none \
-        2>/dev/null | grep -E 'dd_data_copy|dd_data_is_zero|dd_fingerprint_block' |
-        sed 's/[[:space:]]*$//' || echo "(none sampled)"
-    echo "--- by module ---"
-    perf report -q -i "$OUT/$w.data" --kallsyms=/proc/kallsyms --no-children --sort dso --stdio -g none \
-        2>/dev/null | sed 's/[[:space:]]*$//' | head -n 12
+}
+
+profile_module() { # profile_module LABEL WORKLOAD...
+    local label=$1 w; shift
+    for w in "$@"; do
+        case "$w" in
+            seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
+            seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
+            rand50) opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=50) ;;
+            *) echo "unknown workload $w" >&2; exit 2 ;;
+        esac
+        fresh_device
+        echo "=== $label, $w: fio ${opts[*]} --size=$BYTES under perf ==="
+        fio_run "$w" "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
+        awk -F';' '/^3;/ {printf "fio: write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$label-$w.fio"
+        dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
+        dmsetup remove prof-dedup
+        echo "--- where the CPU time went (self time, top symbols) ---"
+        perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
+            --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | head -n 40
+        # The write path copies each block into a page of its own before the
+        # zero test and the hash (dedup-data.h); this is what that costs next
+        # to the hash, both with what they call (memcpy, the SHA-256 rounds).
+        echo "--- the block copy next to the zero test and the hash (inclusive) ---"
+        perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --children --sort sym --stdio -g none \
+            2>/dev/null | grep -E 'dd_data_copy|dd_data_is_zero|dd_fingerprint_block' |
+            sed 's/[[:space:]]*$//' || echo "(none sampled)"
+        echo "--- by module ---"
+        perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort dso --stdio -g none \
+            2>/dev/null | sed 's/[[:space:]]*$//' | head -n 12
+        # A second run of the same workload on a fresh device, for the locks:
+        # who waited, how often and how long, by the lock's caller.
+        fresh_device
+        echo "--- lock contention ($label, $w, second run) ---"
+        fio_run "$w" "$OUT/$label-$w-lock.fio" perf lock record -q -a -o "$OUT/$label-$w-lock.data" --
+        awk -F';' '/^3;/ {printf "fio (lock run): write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' \
+            "$OUT/$label-$w-lock.fio"
+        dmsetup remove prof-dedup
+        perf lock --kallsyms=/proc/kallsyms contention -i "$OUT/$label-$w-lock.data" \
+            -k wait_total -E 12 2>&1 |
+            sed 's/[[:space:]]*$//' || echo "(no lock contention recorded)"
+    done
+}
+
+for spec in ${PROFILE_MODULES:-dm-dedup=${DEDUP_KO:?}}; do
+    [ -d /sys/module/dm_dedup ] && rmmod dm_dedup
+    insmod "${spec#*=}"
+    profile_module "${spec%%=*}" "$@"
 done
