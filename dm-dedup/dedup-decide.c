@@ -197,18 +197,19 @@ static int dd_share(struct dedup_c *dc, struct dd_io *io, u64 pba)
 	int r;
 
 	lockdep_assert_held_read(&dc->lock);
-	/* Under the metadata lock shared: tag collisions cost no exclusion. */
-	r = dd_md_holds(dc->md, pba, io->fp);
-	if (r <= 0)
-		return r ? r : DD_RULED_OUT;
 	if (dc->verify) {
 		/*
-		 * The block was live with our fingerprint just now. A live
-		 * block's content never changes, and a freed one is reused only
-		 * after a commit, which our hold on dc->lock keeps out: what is
-		 * read is what the block holds, if the share below finds it
-		 * still live.
+		 * Only a block live with our fingerprint is worth reading. A
+		 * live block's content never changes, and a freed one is reused
+		 * only after a commit, which our hold on dc->lock keeps out:
+		 * what is read is what the block holds, if the share below
+		 * finds it still live. (Without verify the share checks alone,
+		 * in one trip through the metadata lock: mixing shared and
+		 * exclusive trips makes writers queue behind each other.)
 		 */
+		r = dd_md_holds(dc->md, pba, io->fp);
+		if (r <= 0)
+			return r ? r : DD_RULED_OUT;
 		r = dd_same_content(dc, io, pba);
 		if (r < 0)
 			return DD_COPY;	/* unreadable: store a copy of its own */
@@ -339,55 +340,46 @@ out:
 }
 
 /*
- * A write that overwrote or discarded the block between its mapping and
- * its entry in the index found nothing to forget: take the entry out here,
- * or it would outlive the block. A free after the entry went in removes it
- * itself; the block cannot come back before a commit, which the caller's
- * hold on dc->lock keeps out.
- */
-static void dd_index_recheck(struct dedup_c *dc, struct dd_io *io)
-{
-	struct dd_md_freed f = { .pba = io->pba };
-	u32 rc;
-
-	lockdep_assert_held_read(&dc->lock);
-	if (dd_md_get_refcount(dc->md, io->pba, &rc) || rc)
-		return;
-	memcpy(f.fp, io->fp, DD_FP_SIZE);
-	dd_index_forget(dc, &f, 1);
-}
-
-/*
  * The data of a DD_STORE write completed (with io->status): map it, and
  * only now let others share it.
+ *
+ * The block enters the index before it is mapped, while the write still
+ * leads its content in the in-flight table: whoever finds it in that
+ * window finds it not live yet, looks further, and waits for us. Entered
+ * after the mapping instead, a write that freed the block in between
+ * would find nothing to forget, and the entry would outlive the block.
  */
 int dd_decide_stored(struct dedup_c *dc, struct dd_io *io)
 {
 	struct dd_md_freed freed;
-	int r;
+	int r = 0;
 
 	down_read(&dc->lock);
-	if (io->status) {
-		dd_md_free_data_now(dc->md, io->pba);
+	if (io->status)
 		r = blk_status_to_errno(io->status);
-	} else if (READ_ONCE(dc->mode) != DD_MODE_RW) {
-		dd_md_free_data_now(dc->md, io->pba);
+	else if (READ_ONCE(dc->mode) != DD_MODE_RW)
 		r = -EIO;
-	} else {
-		r = dd_md_map_new(dc->md, io->lba, io->pba, io->fp, &freed);
-		r = dd_changed(dc, r, &freed);
-		if (r)
-			dd_metadata_error(dc, "mapping a new block", r);
-		else
-			dd_check_writeback(dc);
+	if (r) {
+		dd_md_free_data_now(dc->md, io->pba);
+		goto out;
 	}
 	spin_lock(&dc->index_lock);
-	if (!r)
-		dd_index_add(dc, io->fp, io->pba);
+	dd_index_add(dc, io->fp, io->pba);
+	spin_unlock(&dc->index_lock);
+	r = dd_md_map_new(dc->md, io->lba, io->pba, io->fp, &freed);
+	r = dd_changed(dc, r, &freed);
+	if (r) {
+		dd_metadata_error(dc, "mapping a new block", r);
+		freed.pba = io->pba;
+		memcpy(freed.fp, io->fp, DD_FP_SIZE);
+		dd_index_forget(dc, &freed, 1);
+	} else {
+		dd_check_writeback(dc);
+	}
+out:
+	spin_lock(&dc->index_lock);
 	dd_inflight_del(dc, io);
 	spin_unlock(&dc->index_lock);
-	if (!r)
-		dd_index_recheck(dc, io);
 	up_read(&dc->lock);
 	return r;
 }

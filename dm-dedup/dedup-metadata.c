@@ -7,6 +7,7 @@
 
 #include <linux/device-mapper.h>
 #include <linux/lockdep.h>
+#include <linux/mutex.h>
 #include <linux/rwsem.h>
 #include <linux/slab.h>
 #include <linux/timekeeping.h>
@@ -15,20 +16,23 @@
 #include "dedup-metadata.h"
 
 /*
- * md->lock guards everything in here: lookups take it shared, changes,
- * commits and aborts exclusive. It nests inside the target's transaction
- * lock (dedup-target.h) and outside dm-bufio's. The only call out while
- * holding it is a commit's dd_reusable_fn, which must not call back into
- * this unit. bm stays first: tools/kernel-compat's crash reaches the
- * dm-bufio client through it.
+ * md->lock guards everything in here but the data allocator: lookups take
+ * it shared, changes, commits and aborts exclusive. It nests inside the
+ * target's transaction lock (dedup-target.h) and outside dm-bufio's.
+ * md->data_lock guards md->data alone, so that handing out a block for new
+ * data needs no trip through md->lock; it nests inside md->lock. The only
+ * call out under these locks is a commit's dd_reusable_fn, which must not
+ * call back into this unit. bm stays first: tools/kernel-compat's crash
+ * reaches the dm-bufio client through it.
  */
 struct dd_metadata {
 	struct dd_bm *bm;
 	struct rw_semaphore lock;
+	struct mutex data_lock;	/* md->data alone, see above */
 	struct dd_array map;		/* __le64: PBA + 1, 0 = unmapped */
 	struct dd_array refcount;	/* __le32 */
 	struct dd_array fingerprint;	/* u8[DD_FP_SIZE] */
-	struct dd_space data;		/* which physical blocks are taken */
+	struct dd_space data;		/* physical blocks taken; data_lock */
 	struct dd_md_config cfg;
 	struct dd_superblock sb;	/* last committed, identity fields */
 
@@ -296,6 +300,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	if (!md)
 		return -ENOMEM;
 	init_rwsem(&md->lock);
+	mutex_init(&md->data_lock);
 	md->cfg = *cfg;
 	md->read_only = cfg->read_only;
 	md->leaf_buf = kmalloc(DD_PAYLOAD_SIZE, GFP_KERNEL);
@@ -484,26 +489,26 @@ static int dd_writable_check(struct dd_metadata *md)
 
 int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left)
 {
-	int r = -EROFS;
+	int r;
 
-	down_write(&md->lock);
-	if (md->read_only)
-		goto out;
+	/* Set by an abort under md->lock: a block handed out late is freed. */
+	if (READ_ONCE(md->read_only))
+		return -EROFS;
+	mutex_lock(&md->data_lock);
 	r = dd_space_alloc(&md->data, pba);
 	if (r == -ENOSPC && md->data.nr_pending)
 		r = -EAGAIN;
 	else if (!r)
 		*free_left = dd_space_free_blocks(&md->data);
-out:
-	up_write(&md->lock);
+	mutex_unlock(&md->data_lock);
 	return r;
 }
 
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba)
 {
-	down_write(&md->lock);
+	mutex_lock(&md->data_lock);
 	dd_space_free_now(&md->data, pba);
-	up_write(&md->lock);
+	mutex_unlock(&md->data_lock);
 }
 
 /*
@@ -540,7 +545,9 @@ static int dd_put_ref(struct dd_metadata *md, u64 pba,
 	r = dd_get_fingerprint(md, pba, freed->fp);
 	if (r)
 		return r;
+	mutex_lock(&md->data_lock);
 	dd_space_release(&md->data, pba);
+	mutex_unlock(&md->data_lock);
 	return 1;
 }
 
@@ -817,7 +824,9 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 	dd_bm_next_txn(md->bm);
 	md->dirty = false;
 	dd_space_commit(&md->bm->space, NULL, NULL);
+	mutex_lock(&md->data_lock);
 	dd_space_commit(&md->data, reusable, ctx);
+	mutex_unlock(&md->data_lock);
 out:
 	up_write(&md->lock);
 	return r;
@@ -841,7 +850,7 @@ static void dd_abort(struct dd_metadata *md)
 	if (md->aborted)
 		return;
 	md->aborted = true;
-	md->read_only = true;
+	WRITE_ONCE(md->read_only, true);
 	md->dirty = false;
 	md->map.root = le64_to_cpu(sb->map_root);
 	md->refcount.root = le64_to_cpu(sb->refcount_root);
@@ -863,10 +872,12 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->transaction_id = le64_to_cpu(md->sb.hdr.txn);
 	st->metadata_used = md->bm->space.nr_used;
 	st->metadata_total = md->bm->nr_blocks;
+	mutex_lock(&md->data_lock);
 	st->data_used = md->data.nr_used;
 	st->data_total = md->data.nr_blocks;
-	st->data_live = md->live;
 	st->pending_free = md->data.nr_pending;
+	mutex_unlock(&md->data_lock);
+	st->data_live = md->live;
 	st->mapped = md->mapped;
 	st->unique_writes = md->unique_writes;
 	st->duplicate_writes = md->duplicate_writes;
@@ -879,9 +890,9 @@ u64 dd_md_free_data_blocks(struct dd_metadata *md)
 {
 	u64 n;
 
-	down_read(&md->lock);
+	mutex_lock(&md->data_lock);
 	n = dd_space_free_blocks(&md->data);
-	up_read(&md->lock);
+	mutex_unlock(&md->data_lock);
 	return n;
 }
 
@@ -889,8 +900,8 @@ u64 dd_md_pending_data_frees(struct dd_metadata *md)
 {
 	u64 n;
 
-	down_read(&md->lock);
+	mutex_lock(&md->data_lock);
 	n = md->data.nr_pending;
-	up_read(&md->lock);
+	mutex_unlock(&md->data_lock);
 	return n;
 }

@@ -9,17 +9,19 @@
  *   dd_instances_lock  mutex    dm-dedup-target.c   construction, destruction
  *   dc->lock           rwsem    dedup-commit.c      the transaction
  *   md->lock           rwsem    dedup-metadata.c    the metadata
+ *   md->data_lock      mutex    dedup-metadata.c    the data allocator
  *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
  *                                                   table
  *   dc->commit_lock    spinlock dedup-commit.c      flush and no-space waiters
  *
  * dc->lock is the transaction lock: every bio step that reads or changes
  * the metadata holds it shared, and a commit holds it exclusive, so the
- * transaction a commit writes holds only whole steps. md->lock is taken
- * inside each metadata verb and never held across verbs; dm-bufio's client
- * lock nests inside it. dc->index_lock is held for index and in-flight
- * table operations only, never across I/O or a metadata verb. Each
- * function that relies on a lock asserts how it must be held.
+ * transaction a commit writes holds only whole steps. md->lock and
+ * md->data_lock are taken inside each metadata verb and never held across
+ * verbs; dm-bufio's client lock nests inside md->lock. dc->index_lock
+ * is held for index and in-flight table operations only, never across
+ * I/O or a metadata verb. Each function that relies on a lock asserts how
+ * it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
  * unit that must run a write again (it waited for its twin or for freed
