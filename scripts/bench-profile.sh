@@ -7,7 +7,8 @@
 # workload on stdout; perf data in tests/out/bench-profile/.
 # Environment: PROFILE_BYTES (256M), BENCH_CACHE, SKIP_BUILD=1, and
 # PROFILE_MODULES="LABEL=KO ..." to profile several builds of the module in
-# one boot (default: this tree's).
+# one boot (default: this tree's), PROFILE_REPS=N to time N runs of each
+# workload without perf first, PROFILE_PERF=0 to time only.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +27,7 @@ truncate -s 1G "$CACHE/disks/prof-meta.img"
 q() { printf '%q' "$1"; }
 CMD="export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") PROFILE_OUT=$(q "$OUT")
 export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}") PROFILE_MODULES=$(q "${PROFILE_MODULES:-}")
+export PROFILE_REPS=$(q "${PROFILE_REPS:-0}") PROFILE_PERF=$(q "${PROFILE_PERF:-1}")
 bash $(q "$REPO/tests/bench/profile.sh") $*"
 rc=0
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-3600} "$REPO/scripts/guest-run.sh" --no-debug --memory 6G --rwdir "$OUT" \

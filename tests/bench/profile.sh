@@ -12,6 +12,8 @@
 # Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
 # boot (before and after a change), default "dm-dedup=$DEDUP_KO".
+# PROFILE_REPS=N first times N runs of each workload without perf (fresh
+# device each) and prints their median; PROFILE_PERF=0 skips the profiles.
 set -euo pipefail
 
 disk() { for b in /sys/block/*; do
@@ -47,12 +49,25 @@ profile_module() { # profile_module LABEL WORKLOAD...
             rand50) opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=50) ;;
             *) echo "unknown workload $w" >&2; exit 2 ;;
         esac
+        if [ "${PROFILE_REPS:-0}" -gt 0 ]; then
+            local i rates=()
+            for ((i = 0; i < PROFILE_REPS; i++)); do
+                fresh_device
+                fio_run "$w" "$OUT/$label-$w-rep$i.fio"
+                dmsetup remove --retry prof-dedup
+                rates+=("$(awk -F';' '/^3;/ {printf "%.1f", $48/1024}' "$OUT/$label-$w-rep$i.fio")")
+            done
+            printf 'median %s %s: %s MiB/s (runs: %s)\n' "$label" "$w" \
+                "$(printf '%s\n' "${rates[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" \
+                "${rates[*]}"
+        fi
+        [ "${PROFILE_PERF:-1}" = 1 ] || continue
         fresh_device
         echo "=== $label, $w: fio ${opts[*]} --size=$BYTES under perf ==="
         fio_run "$w" "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
         awk -F';' '/^3;/ {printf "fio: write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$label-$w.fio"
         dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
-        dmsetup remove prof-dedup
+        dmsetup remove --retry prof-dedup
         echo "--- where the CPU time went (self time, top symbols) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
             --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | head -n 40
@@ -73,7 +88,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
         fio_run "$w" "$OUT/$label-$w-lock.fio" perf lock record -q -a -o "$OUT/$label-$w-lock.data" --
         awk -F';' '/^3;/ {printf "fio (lock run): write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' \
             "$OUT/$label-$w-lock.fio"
-        dmsetup remove prof-dedup
+        dmsetup remove --retry prof-dedup
         perf lock --kallsyms=/proc/kallsyms contention -i "$OUT/$label-$w-lock.data" \
             -k wait_total -E 12 2>&1 |
             sed 's/[[:space:]]*$//' || echo "(no lock contention recorded)"
