@@ -370,9 +370,9 @@ int dd_decide_stored(struct dedup_c *dc, struct dd_io *io)
 	r = dd_changed(dc, r, &freed);
 	if (r) {
 		dd_metadata_error(dc, "mapping a new block", r);
-		freed.pba = io->pba;
-		memcpy(freed.fp, io->fp, DD_FP_SIZE);
-		dd_index_forget(dc, &freed, 1);
+		spin_lock(&dc->index_lock);
+		dd_index_remove(&dc->index, io->fp, io->pba);
+		spin_unlock(&dc->index_lock);
 	} else {
 		dd_check_writeback(dc);
 	}
