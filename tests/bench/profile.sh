@@ -27,12 +27,15 @@ mkdir -p "$OUT"
 echo 0 >/proc/sys/kernel/kptr_restrict   # perf needs the kernel's symbol addresses
 for m in dm-mod dm-bufio libcrc32c; do modprobe "$m" 2>/dev/null || true; done
 
-fio_run() { # fio_run WORKLOAD OUTFILE [perf prefix...]
-    local w=$1 out=$2; shift 2
+fio_run() { # fio_run OUTFILE [perf prefix...]; the workload is in opts
+    local out=$1; shift
     "$@" fio --name=prof --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
         --refill_buffers=1 --scramble_buffers=0 --randseed=7 --size="$BYTES" \
         "${opts[@]}" --output-format=terse --terse-version=3 >"$out" 2>&1
 }
+
+# The write bandwidth (MiB/s) and IOPS of a terse v3 fio output file.
+fio_write() { awk -F';' '/^3;/ {printf "%.1f %.0f\n", $48/1024, $49}' "$1"; }
 
 fresh_device() {
     blkdiscard "$DATA"; blkdiscard "$META"
@@ -53,9 +56,10 @@ profile_module() { # profile_module LABEL WORKLOAD...
             local i rates=()
             for ((i = 0; i < PROFILE_REPS; i++)); do
                 fresh_device
-                fio_run "$w" "$OUT/$label-$w-rep$i.fio"
+                fio_run "$OUT/$label-$w-rep$i.fio"
                 dmsetup remove --retry prof-dedup
-                rates+=("$(awk -F';' '/^3;/ {printf "%.1f", $48/1024}' "$OUT/$label-$w-rep$i.fio")")
+                read -r mibs _ < <(fio_write "$OUT/$label-$w-rep$i.fio")
+                rates+=("$mibs")
             done
             printf 'median %s %s: %s MiB/s (runs: %s)\n' "$label" "$w" \
                 "$(printf '%s\n' "${rates[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" \
@@ -64,8 +68,8 @@ profile_module() { # profile_module LABEL WORKLOAD...
         [ "${PROFILE_PERF:-1}" = 1 ] || continue
         fresh_device
         echo "=== $label, $w: fio ${opts[*]} --size=$BYTES under perf ==="
-        fio_run "$w" "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
-        awk -F';' '/^3;/ {printf "fio: write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' "$OUT/$label-$w.fio"
+        fio_run "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
+        fio_write "$OUT/$label-$w.fio" | awk '{printf "fio: write %s MiB/s, %s IOPS\n", $1, $2}'
         dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
         dmsetup remove --retry prof-dedup
         echo "--- where the CPU time went (self time, top symbols) ---"
@@ -85,9 +89,9 @@ profile_module() { # profile_module LABEL WORKLOAD...
         # who waited, how often and how long, by the lock's caller.
         fresh_device
         echo "--- lock contention ($label, $w, second run) ---"
-        fio_run "$w" "$OUT/$label-$w-lock.fio" perf lock record -q -a -o "$OUT/$label-$w-lock.data" --
-        awk -F';' '/^3;/ {printf "fio (lock run): write %.1f MiB/s, %.0f IOPS\n", $48/1024, $49}' \
-            "$OUT/$label-$w-lock.fio"
+        fio_run "$OUT/$label-$w-lock.fio" perf lock record -q -a -o "$OUT/$label-$w-lock.data" --
+        fio_write "$OUT/$label-$w-lock.fio" |
+            awk '{printf "fio (lock run): write %s MiB/s, %s IOPS\n", $1, $2}'
         dmsetup remove --retry prof-dedup
         perf lock --kallsyms=/proc/kallsyms contention -i "$OUT/$label-$w-lock.data" \
             -k wait_total -E 12 2>&1 |
