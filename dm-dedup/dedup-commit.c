@@ -132,11 +132,11 @@ void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
  * The write found the data device full, but the running transaction freed
  * blocks that come back at its commit: its work runs again after that.
  */
-void dd_wait_for_frees(struct dedup_c *dc, struct dd_io *io)
+void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk)
 {
 	lockdep_assert_held(&dc->lock);
 	spin_lock_irq(&dc->commit_lock);
-	list_add_tail(&io->wait_entry, &dc->nospc_waiters);
+	list_add_tail(&blk->wait_entry, &dc->nospc_waiters);
 	spin_unlock_irq(&dc->commit_lock);
 	queue_work(dc->commit_wq, &dc->commit_work);
 }
@@ -207,7 +207,7 @@ out:
 static void dd_commit_work(struct work_struct *w)
 {
 	struct dedup_c *dc = container_of(w, struct dedup_c, commit_work);
-	struct dd_io *io, *tmp;
+	struct dd_write_block *blk, *tmp;
 	struct bio_list bios;
 	struct bio *bio;
 	LIST_HEAD(retry);
@@ -223,10 +223,10 @@ static void dd_commit_work(struct work_struct *w)
 
 	while ((bio = bio_list_pop(&bios)))
 		dd_endio(bio, r ? BLK_STS_IOERR : BLK_STS_OK);
-	/* Their work is the write's own (dedup-io.c): it decides again. */
-	list_for_each_entry_safe(io, tmp, &retry, wait_entry) {
-		list_del_init(&io->wait_entry);
-		queue_work(dc->wq, &io->work);
+	/* Their work is the block's own (dedup-io.c): it decides again. */
+	list_for_each_entry_safe(blk, tmp, &retry, wait_entry) {
+		list_del_init(&blk->wait_entry);
+		queue_work(dc->wq, &blk->work);
 	}
 }
 

@@ -62,6 +62,14 @@ static struct dd_data_pool *dd_test_pool(struct kunit *test)
 	return pool;
 }
 
+static struct page *dd_test_copy(struct dd_data_pool *pool, struct bio *bio)
+{
+	struct page *page = NULL;
+
+	dd_data_copy(pool, bio, &page, 1);
+	return page;
+}
+
 static void dd_test_expect_page(struct kunit *test, struct page *page,
 				const u8 *want, unsigned int segs)
 {
@@ -86,7 +94,7 @@ static void dd_data_test_copy(struct kunit *test)
 		data[i] = i * 13 + (i >> 8);
 	for (segs = 1; segs <= 3; segs++) {
 		tb = dd_test_bio(test, data, segs);
-		copy = dd_data_copy(pool, &tb->bio);
+		copy = dd_test_copy(pool, &tb->bio);
 		KUNIT_ASSERT_NOT_NULL(test, copy);
 		dd_test_expect_page(test, copy, data, segs);
 		/* the submitter changes its buffers after the copy */
@@ -108,14 +116,14 @@ static void dd_data_test_zero(struct kunit *test)
 
 	KUNIT_ASSERT_NOT_NULL(test, data);
 	for (segs = 1; segs <= 3; segs++) {
-		copy = dd_data_copy(pool, &dd_test_bio(test, data, segs)->bio);
+		copy = dd_test_copy(pool, &dd_test_bio(test, data, segs)->bio);
 		KUNIT_EXPECT_TRUE(test, dd_data_is_zero(copy));
 		dd_data_put(pool, copy);
 	}
 	for (i = 0; i < ARRAY_SIZE(where); i++) {
 		data[where[i]] = 0x01;
 		for (segs = 1; segs <= 3; segs++) {
-			copy = dd_data_copy(pool,
+			copy = dd_test_copy(pool,
 					    &dd_test_bio(test, data, segs)->bio);
 			KUNIT_EXPECT_FALSE_MSG(test, dd_data_is_zero(copy),
 					       "byte %u, %u segments", where[i],
@@ -135,20 +143,62 @@ static void dd_data_test_equal(struct kunit *test)
 
 	KUNIT_ASSERT_NOT_NULL(test, data);
 	memset(data, 0x77, DD_BLOCK_SIZE);
-	a = dd_data_copy(pool, &dd_test_bio(test, data, 1)->bio);
-	b = dd_data_copy(pool, &dd_test_bio(test, data, 3)->bio);
+	a = dd_test_copy(pool, &dd_test_bio(test, data, 1)->bio);
+	b = dd_test_copy(pool, &dd_test_bio(test, data, 3)->bio);
 	KUNIT_EXPECT_TRUE(test, dd_data_equal(a, b));
 	dd_data_put(pool, b);
 	data[DD_BLOCK_SIZE - 1] ^= 0x80;
-	b = dd_data_copy(pool, &dd_test_bio(test, data, 2)->bio);
+	b = dd_test_copy(pool, &dd_test_bio(test, data, 2)->bio);
 	KUNIT_EXPECT_FALSE(test, dd_data_equal(a, b));
 	dd_data_put(pool, b);
 	dd_data_put(pool, a);
 	dd_data_pool_exit(pool);
 }
 
+/*
+ * Three blocks from segments that start and end inside blocks: 512 bytes
+ * at the end of one page, then whole pages from offset 512 of others, so
+ * every later segment straddles two blocks.
+ */
+static void dd_data_test_copy_blocks(struct kunit *test)
+{
+	const unsigned int nr = 3, size = nr * DD_BLOCK_SIZE;
+	struct dd_data_pool *pool = dd_test_pool(test);
+	u8 *data = kunit_kmalloc(test, size, GFP_KERNEL);
+	u8 *bufs = kunit_kmalloc(test, 12 * DD_BLOCK_SIZE, GFP_KERNEL);
+	struct bio_vec bvec[5];
+	struct page *pages[3];
+	unsigned int i, off = 0, len;
+	struct bio bio;
+	u8 *p;
+
+	KUNIT_ASSERT_NOT_NULL(test, data);
+	KUNIT_ASSERT_NOT_NULL(test, bufs);
+	for (i = 0; i < size; i++)
+		data[i] = i * 7 + (i >> 12);
+	bio_init(&bio, NULL, bvec, ARRAY_SIZE(bvec), REQ_OP_WRITE);
+	for (i = 0; off < size; i++) {
+		len = min(i ? 3584U : 512U, size - off);
+		/* segment i in a page of its own, at offset 512 (or 3584) */
+		p = PTR_ALIGN(bufs, DD_BLOCK_SIZE) + i * 2 * DD_BLOCK_SIZE +
+		    (i ? 512 : 3584);
+		memcpy(p, data + off, len);
+		__bio_add_page(&bio, virt_to_page(p), len, offset_in_page(p));
+		off += len;
+	}
+	KUNIT_ASSERT_EQ(test, bio.bi_iter.bi_size, size);
+	dd_data_copy(pool, &bio, pages, nr);
+	for (i = 0; i < nr; i++) {
+		dd_test_expect_page(test, pages[i], data + i * DD_BLOCK_SIZE,
+				    i);
+		dd_data_put(pool, pages[i]);
+	}
+	dd_data_pool_exit(pool);
+}
+
 static struct kunit_case dd_data_cases[] = {
 	KUNIT_CASE(dd_data_test_copy),
+	KUNIT_CASE(dd_data_test_copy_blocks),
 	KUNIT_CASE(dd_data_test_zero),
 	KUNIT_CASE(dd_data_test_equal),
 	{}

@@ -12,6 +12,7 @@
 int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve)
 {
 	BUILD_BUG_ON(DD_BLOCK_SIZE != PAGE_SIZE);
+	mutex_init(&pool->reserve_lock);
 	return mempool_init_page_pool(&pool->pages, reserve, 0);
 }
 
@@ -20,24 +21,62 @@ void dd_data_pool_exit(struct dd_data_pool *pool)
 	mempool_exit(&pool->pages);
 }
 
-struct page *dd_data_copy(struct dd_data_pool *pool, struct bio *bio)
+/*
+ * Pages for @nr blocks. Most come straight from the page allocator; when it
+ * has none to spare at once, the writer gives back what it took and waits
+ * its turn for the reserve, which writers take one at a time, so that two
+ * writers each holding part of it never wait for each other: the rest of
+ * the reserve is held by writes that have all their pages and will give
+ * them back.
+ */
+static void dd_data_get(struct dd_data_pool *pool, struct page **pages,
+			unsigned int nr)
 {
-	struct page *page = mempool_alloc(&pool->pages, GFP_NOIO);
-	struct bvec_iter iter;
-	unsigned int off = 0;
-	struct bio_vec bv;
-	u8 *p;
+	unsigned int i;
 
-	p = kmap_local_page(page);
-	bio_for_each_segment(bv, bio, iter) {
-		/* The caller checked the size; this only guards the page. */
-		if (WARN_ON_ONCE(off + bv.bv_len > DD_BLOCK_SIZE))
+	for (i = 0; i < nr; i++) {
+		pages[i] = alloc_page(GFP_NOWAIT | __GFP_NOWARN);
+		if (!pages[i])
 			break;
-		memcpy_from_bvec(p + off, &bv);
-		off += bv.bv_len;
 	}
-	kunmap_local(p);
-	return page;
+	if (i == nr)
+		return;
+	while (i--)
+		mempool_free(pages[i], &pool->pages);
+	mutex_lock(&pool->reserve_lock);
+	for (i = 0; i < nr; i++)
+		pages[i] = mempool_alloc(&pool->pages, GFP_NOIO);
+	mutex_unlock(&pool->reserve_lock);
+}
+
+void dd_data_copy(struct dd_data_pool *pool, struct bio *bio,
+		  struct page **pages, unsigned int nr)
+{
+	unsigned int blk = 0, off = 0, done, len;
+	struct bvec_iter iter;
+	struct bio_vec bv;
+	u8 *src, *dst;
+
+	dd_data_get(pool, pages, nr);
+	bio_for_each_segment(bv, bio, iter) {
+		/* A segment may end in the next block: unaligned buffers. */
+		src = bvec_kmap_local(&bv);
+		for (done = 0; done < bv.bv_len; done += len) {
+			/* The caller checked the size; this only guards pages. */
+			if (WARN_ON_ONCE(blk >= nr))
+				break;
+			len = min(bv.bv_len - done, DD_BLOCK_SIZE - off);
+			dst = kmap_local_page(pages[blk]);
+			memcpy(dst + off, src + done, len);
+			kunmap_local(dst);
+			off += len;
+			if (off == DD_BLOCK_SIZE) {
+				off = 0;
+				blk++;
+			}
+		}
+		kunmap_local(src);
+	}
 }
 
 void dd_data_put(struct dd_data_pool *pool, struct page *page)

@@ -11,13 +11,14 @@
  * the bytes that reach the data device.
  *
  * The copies come from a mempool so that writes make progress under
- * memory pressure; a write holds its copy until it completes, which never
+ * memory pressure; a block holds its copy until it is done, which never
  * needs another copy.
  */
 #ifndef DM_DEDUP_DATA_H
 #define DM_DEDUP_DATA_H
 
 #include <linux/mempool.h>
+#include <linux/mutex.h>
 #include <linux/types.h>
 
 struct bio;
@@ -25,13 +26,18 @@ struct page;
 
 struct dd_data_pool {
 	mempool_t pages;
+	struct mutex reserve_lock;	/* one writer at a time takes the reserve */
 };
 
 int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve);
 void dd_data_pool_exit(struct dd_data_pool *pool);
 
-/* A copy of the one 4 KiB block @bio carries. May sleep; never fails. */
-struct page *dd_data_copy(struct dd_data_pool *pool, struct bio *bio);
+/*
+ * Copies of the @nr 4 KiB blocks @bio carries, in @pages[0..nr), however
+ * its segments are cut. May sleep; never fails.
+ */
+void dd_data_copy(struct dd_data_pool *pool, struct bio *bio,
+		  struct page **pages, unsigned int nr);
 void dd_data_put(struct dd_data_pool *pool, struct page *page);
 
 bool dd_data_is_zero(struct page *page);

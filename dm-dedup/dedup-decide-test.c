@@ -2,9 +2,9 @@
 /*
  * KUnit tests of the dedup decision (dedup-decide.c) on its own: a device
  * state with real metadata on the test ram disk and a real index, and
- * writes whose data never goes anywhere. A write the decision hands a
- * block (DD_STORE) is declared written at once with dd_decide_stored(),
- * as dedup-io.c does when the data write completes.
+ * writes whose data never goes anywhere. A block the decision hands a
+ * physical block (DD_STORE) is declared written at once with
+ * dd_decide_stored(), as dedup-io.c does when the data write completes.
  */
 #include <kunit/test.h>
 #include <linux/workqueue.h>
@@ -12,9 +12,10 @@
 #include "dedup-target.h"
 #include "dedup-test-util.h"
 
-/* A write as the decision sees it, and what became of it. */
+/* A one-block write as the decision sees it, and what became of it. */
 struct dd_test_write {
-	struct dd_io io;
+	struct dd_write w;
+	struct dd_write_block b;
 	atomic_t *done;
 	int r;
 };
@@ -56,9 +57,25 @@ static struct dedup_c *dd_test_dc(struct kunit *test, u64 logical, u64 data)
 static void dd_test_requeued(struct work_struct *w)
 {
 	struct dd_test_write *tw = container_of(w, struct dd_test_write,
-						io.work);
+						b.work);
 
 	atomic_inc(tw->done);
+}
+
+/* Block @b of write @w, hashed: content @seed (0: a zero block) at @lba. */
+static void dd_test_block(struct dd_write *w, struct dd_write_block *b,
+			  struct dedup_c *dc, u64 lba, u64 seed)
+{
+	w->dc = dc;
+	b->w = w;
+	b->lba = lba;
+	b->flags = 0;
+	if (seed)
+		dd_test_fp(b->fp, seed);
+	else
+		b->flags |= DD_BLOCK_ZERO;
+	INIT_LIST_HEAD(&b->wait_entry);
+	INIT_WORK(&b->work, dd_test_requeued);
 }
 
 /* A hashed write of content @seed (0: a zero block) to @lba. */
@@ -69,27 +86,33 @@ static struct dd_test_write *dd_test_new_write(struct kunit *test,
 	struct dd_test_write *tw = kunit_kzalloc(test, sizeof(*tw), GFP_KERNEL);
 
 	KUNIT_ASSERT_NOT_NULL(test, tw);
-	tw->io.dc = dc;
-	tw->io.lba = lba;
-	tw->io.flags = DD_IO_HASHED;
-	if (seed)
-		dd_test_fp(tw->io.fp, seed);
-	else
-		tw->io.flags |= DD_IO_ZERO;
-	INIT_LIST_HEAD(&tw->io.wait_entry);
-	INIT_WORK(&tw->io.work, dd_test_requeued);
+	dd_test_block(&tw->w, &tw->b, dc, lba, seed);
 	tw->done = done;
 	return tw;
 }
 
-/* Decide, and complete a DD_STORE write as its data write would. */
+/* One decision, with what became of the block in tw->r once DD_DONE. */
+static enum dd_decision dd_test_decide_only(struct dedup_c *dc,
+					    struct dd_test_write *tw)
+{
+	u8 d;
+
+	dd_decide_write(dc, &tw->b, 1, &d);
+	tw->r = tw->b.error;
+	return d;
+}
+
+/* Decide, and complete a DD_STORE block as its data write would. */
 static enum dd_decision dd_test_decide(struct dedup_c *dc,
 				       struct dd_test_write *tw)
 {
-	enum dd_decision d = dd_decide_write(dc, &tw->io, &tw->r);
+	enum dd_decision d = dd_test_decide_only(dc, tw);
 
-	if (d == DD_STORE)
-		tw->r = dd_decide_stored(dc, &tw->io);
+	if (d == DD_STORE) {
+		tw->b.run_next = NULL;
+		dd_decide_stored(dc, &tw->b, 0);
+		tw->r = tw->b.error;
+	}
 	return d;
 }
 
@@ -121,7 +144,7 @@ static void dd_decide_test_store_then_share(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, a->r, 0);
 	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, b), DD_DONE);
 	KUNIT_EXPECT_EQ(test, b->r, 0);
-	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 9), a->io.pba);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 9), a->b.pba);
 	st = dd_test_dc_stats(dc);
 	KUNIT_EXPECT_EQ(test, st.data_live, 1);
 	KUNIT_EXPECT_EQ(test, st.unique_writes, 1);
@@ -148,19 +171,20 @@ static void dd_decide_test_follower(struct kunit *test)
 	struct dd_test_write *twin = dd_test_new_write(test, dc, 1, 7, &requeued);
 	struct dd_test_write *other = dd_test_new_write(test, dc, 2, 8, &requeued);
 
-	KUNIT_ASSERT_EQ(test, dd_decide_write(dc, &lead->io, &lead->r), DD_STORE);
-	KUNIT_EXPECT_EQ(test, dd_decide_write(dc, &twin->io, &twin->r),
-			DD_PARKED);
+	KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, lead), DD_STORE);
+	KUNIT_EXPECT_EQ(test, dd_test_decide_only(dc, twin), DD_PARKED);
 	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, other), DD_STORE);
 	flush_workqueue(dc->wq);
 	KUNIT_EXPECT_EQ(test, atomic_read(&requeued), 0);
 
-	KUNIT_EXPECT_EQ(test, dd_decide_stored(dc, &lead->io), 0);
+	lead->b.run_next = NULL;
+	dd_decide_stored(dc, &lead->b, 0);
+	KUNIT_EXPECT_EQ(test, lead->b.error, 0);
 	flush_workqueue(dc->wq);
 	KUNIT_EXPECT_EQ(test, atomic_read(&requeued), 1);
 	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, twin), DD_DONE);
 	KUNIT_EXPECT_EQ(test, twin->r, 0);
-	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 1), lead->io.pba);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 1), lead->b.pba);
 	KUNIT_EXPECT_EQ(test, dd_test_dc_stats(dc).data_live, 2);
 }
 
@@ -182,11 +206,11 @@ static void dd_decide_test_candidate_died(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, a->r, 0);
 	/* The metadata step alone, as if the index update had not run yet. */
 	KUNIT_ASSERT_EQ(test, dd_md_map_zero(dc->md, 0, &freed), 1);
-	KUNIT_EXPECT_EQ(test, freed.pba, a->io.pba);
+	KUNIT_EXPECT_EQ(test, freed.pba, a->b.pba);
 
 	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, b), DD_STORE);
 	KUNIT_EXPECT_EQ(test, b->r, 0);
-	KUNIT_EXPECT_NE(test, b->io.pba, a->io.pba);
+	KUNIT_EXPECT_NE(test, b->b.pba, a->b.pba);
 	KUNIT_EXPECT_EQ(test, READ_ONCE(dc->mode), DD_MODE_RW);
 	st = dd_test_dc_stats(dc);
 	KUNIT_EXPECT_EQ(test, st.data_live, 1);
@@ -212,7 +236,7 @@ static void dd_decide_test_candidate_reused(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, dd_md_map_zero(dc->md, 0, &freed), 1);
 	KUNIT_ASSERT_EQ(test, dd_md_commit(dc->md, NULL, NULL), 0);
 	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, x), DD_STORE);
-	KUNIT_ASSERT_EQ(test, x->io.pba, a->io.pba);	/* the only block */
+	KUNIT_ASSERT_EQ(test, x->b.pba, a->b.pba);	/* the only block */
 
 	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, a2), DD_DONE);
 	KUNIT_EXPECT_EQ(test, a2->r, -ENOSPC);
@@ -244,13 +268,87 @@ static void dd_decide_test_full(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, atomic64_read(&dc->nospc_errors), 2);
 }
 
+/*
+ * The blocks of one write decided in one pass: the zero block mapped, a
+ * content repeated inside the write parked behind its first copy, and the
+ * new contents given consecutive physical blocks, so their data can go
+ * out as one bio. Once that run is stored, the parked blocks share it.
+ */
+struct dd_test_batch {
+	struct dd_write w;
+	struct dd_write_block blk[8];
+	atomic_t requeued;
+};
+
+static void dd_test_batch_requeued(struct work_struct *work)
+{
+	struct dd_write_block *b = container_of(work, struct dd_write_block, work);
+
+	atomic_inc(&container_of(b->w, struct dd_test_batch, w)->requeued);
+}
+
+static void dd_decide_test_batch(struct kunit *test)
+{
+	static const u64 content[8] = { 1, 2, 1, 0, 3, 2, 4, 4 };
+	static const u8 want[8] = { DD_STORE, DD_STORE, DD_PARKED, DD_DONE,
+				    DD_STORE, DD_PARKED, DD_STORE, DD_PARKED };
+	static const unsigned int stored[4] = { 0, 1, 4, 6 };
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	struct dd_test_batch *t = kunit_kzalloc(test, sizeof(*t), GFP_KERNEL);
+	struct dd_test_write *tw;
+	struct dd_write_block *blk;
+	struct dd_md_stats st;
+	u8 d[8];
+	int i;
+
+	KUNIT_ASSERT_NOT_NULL(test, t);
+	blk = t->blk;
+	for (i = 0; i < 8; i++) {
+		dd_test_block(&t->w, &blk[i], dc, 16 + i, content[i]);
+		INIT_WORK(&blk[i].work, dd_test_batch_requeued);
+	}
+	dd_decide_write(dc, blk, 8, d);
+	for (i = 0; i < 8; i++)
+		KUNIT_EXPECT_EQ_MSG(test, d[i], want[i], "block %d", i);
+	KUNIT_EXPECT_EQ(test, blk[3].error, 0);
+	for (i = 0; i < 4; i++) {
+		KUNIT_EXPECT_EQ_MSG(test, blk[stored[i]].pba, blk[0].pba + i,
+				    "block %u", stored[i]);
+		blk[stored[i]].run_next = i < 3 ? &blk[stored[i + 1]] : NULL;
+	}
+
+	dd_decide_stored(dc, &blk[0], 0);
+	for (i = 0; i < 4; i++)
+		KUNIT_EXPECT_EQ(test, blk[stored[i]].error, 0);
+	flush_workqueue(dc->wq);
+	KUNIT_EXPECT_EQ(test, atomic_read(&t->requeued), 3);
+
+	/* Decided again, each parked block shares its first copy. */
+	for (i = 0; i < 8; i++) {
+		if (d[i] != DD_PARKED)
+			continue;
+		tw = dd_test_new_write(test, dc, 16 + i, content[i], NULL);
+		KUNIT_EXPECT_EQ(test, dd_test_decide(dc, tw), DD_DONE);
+		KUNIT_EXPECT_EQ(test, tw->r, 0);
+	}
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 18), blk[0].pba);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 21), blk[1].pba);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 23), blk[6].pba);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 4);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 3);
+	KUNIT_EXPECT_EQ(test, st.zero_writes, 1);
+	KUNIT_EXPECT_EQ(test, st.data_live, 4);
+	KUNIT_EXPECT_EQ(test, st.mapped, 7);
+}
+
 /* Many writers at once: run the decision, and again whenever requeued. */
 static void dd_test_decide_work(struct work_struct *w)
 {
 	struct dd_test_write *tw = container_of(w, struct dd_test_write,
-						io.work);
+						b.work);
 
-	if (dd_test_decide(tw->io.dc, tw) != DD_PARKED)
+	if (dd_test_decide(tw->w.dc, tw) != DD_PARKED)
 		atomic_inc(tw->done);
 }
 
@@ -270,10 +368,10 @@ static void dd_decide_test_concurrent_writers(struct kunit *test)
 
 	for (i = 0; i < ARRAY_SIZE(w); i++) {
 		w[i] = dd_test_new_write(test, dc, i, 11 + i % 2, &done);
-		INIT_WORK(&w[i]->io.work, dd_test_decide_work);
+		INIT_WORK(&w[i]->b.work, dd_test_decide_work);
 	}
 	for (i = 0; i < ARRAY_SIZE(w); i++)
-		queue_work(dc->wq, &w[i]->io.work);
+		queue_work(dc->wq, &w[i]->b.work);
 	/* Requeued followers are queued after a flush began: flush again. */
 	for (n = 0; n < 100 && atomic_read(&done) < ARRAY_SIZE(w); n++)
 		flush_workqueue(dc->wq);
@@ -301,6 +399,7 @@ static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_candidate_died),
 	KUNIT_CASE(dd_decide_test_candidate_reused),
 	KUNIT_CASE(dd_decide_test_full),
+	KUNIT_CASE(dd_decide_test_batch),
 	KUNIT_CASE(dd_decide_test_concurrent_writers),
 	{}
 };

@@ -117,44 +117,44 @@ static u32 dd_inflight_key(const u8 *fp)
 	return get_unaligned_le32(fp);
 }
 
-static struct dd_io *dd_inflight_find(struct dedup_c *dc, const u8 *fp)
+static struct dd_write_block *dd_inflight_find(struct dedup_c *dc, const u8 *fp)
 {
-	struct dd_io *io;
+	struct dd_write_block *b;
 
 	lockdep_assert_held(&dc->index_lock);
-	hash_for_each_possible(dc->inflight, io, inflight_node,
+	hash_for_each_possible(dc->inflight, b, inflight_node,
 			       dd_inflight_key(fp))
-		if (!memcmp(io->fp, fp, DD_FP_SIZE))
-			return io;
+		if (!memcmp(b->fp, fp, DD_FP_SIZE))
+			return b;
 	return NULL;
 }
 
-static void dd_inflight_add(struct dedup_c *dc, struct dd_io *io)
+static void dd_inflight_add(struct dedup_c *dc, struct dd_write_block *b)
 {
 	lockdep_assert_held(&dc->index_lock);
-	INIT_LIST_HEAD(&io->waiters);
-	hash_add(dc->inflight, &io->inflight_node, dd_inflight_key(io->fp));
+	INIT_LIST_HEAD(&b->waiters);
+	hash_add(dc->inflight, &b->inflight_node, dd_inflight_key(b->fp));
 }
 
 /* Writers of the same content decide again, now against the index. */
-static void dd_inflight_del(struct dedup_c *dc, struct dd_io *io)
+static void dd_inflight_del(struct dedup_c *dc, struct dd_write_block *b)
 {
-	struct dd_io *waiter, *tmp;
+	struct dd_write_block *waiter, *tmp;
 
 	lockdep_assert_held(&dc->index_lock);
-	hash_del(&io->inflight_node);
-	/* Their work is the write's own (dedup-io.c): it decides again. */
-	list_for_each_entry_safe(waiter, tmp, &io->waiters, wait_entry) {
+	hash_del(&b->inflight_node);
+	/* Their work is the block's own (dedup-io.c): it decides again. */
+	list_for_each_entry_safe(waiter, tmp, &b->waiters, wait_entry) {
 		list_del_init(&waiter->wait_entry);
 		queue_work(dc->wq, &waiter->work);
 	}
 }
 
 /* A leader that will not store after all: its followers decide again. */
-static void dd_inflight_cancel(struct dedup_c *dc, struct dd_io *io)
+static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 {
 	spin_lock(&dc->index_lock);
-	dd_inflight_del(dc, io);
+	dd_inflight_del(dc, b);
 	spin_unlock(&dc->index_lock);
 }
 
@@ -162,14 +162,15 @@ static void dd_inflight_cancel(struct dedup_c *dc, struct dd_io *io)
 /* the decision */
 
 /* Does physical block @pba hold exactly the write's data? */
-static int dd_same_content(struct dedup_c *dc, struct dd_io *io, u64 pba)
+static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 {
 	struct bio_vec rvec;
 	struct bio rbio;
 	struct page *page;
 	int r;
 
-	page = alloc_page(GFP_NOIO);
+	/* Short of memory, store a copy rather than wait under dc->lock. */
+	page = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!page)
 		return -ENOMEM;
 	bio_init(&rbio, dc->data_dev->bdev, &rvec, 1, REQ_OP_READ);
@@ -178,7 +179,7 @@ static int dd_same_content(struct dedup_c *dc, struct dd_io *io, u64 pba)
 	r = submit_bio_wait(&rbio);
 	bio_uninit(&rbio);
 	if (!r)
-		r = dd_data_equal(page, io->data);
+		r = dd_data_equal(page, b->data);
 	__free_page(page);
 	return r;
 }
@@ -191,7 +192,7 @@ enum dd_share_result {
 };
 
 /* Share candidate @pba if it holds the write's content; < 0 on error. */
-static int dd_share(struct dedup_c *dc, struct dd_io *io, u64 pba)
+static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 {
 	struct dd_md_freed freed;
 	int r;
@@ -207,10 +208,10 @@ static int dd_share(struct dedup_c *dc, struct dd_io *io, u64 pba)
 		 * in one trip through the metadata lock: mixing shared and
 		 * exclusive trips makes writers queue behind each other.)
 		 */
-		r = dd_md_holds(dc->md, pba, io->fp);
+		r = dd_md_holds(dc->md, pba, b->fp);
 		if (r <= 0)
 			return r ? r : DD_RULED_OUT;
-		r = dd_same_content(dc, io, pba);
+		r = dd_same_content(dc, b, pba);
 		if (r < 0)
 			return DD_COPY;	/* unreadable: store a copy of its own */
 		if (!r) {
@@ -218,7 +219,7 @@ static int dd_share(struct dedup_c *dc, struct dd_io *io, u64 pba)
 			return DD_DIFFERENT;
 		}
 	}
-	r = dd_md_map_duplicate(dc->md, io->lba, pba, io->fp, &freed);
+	r = dd_md_map_duplicate(dc->md, b->lba, pba, b->fp, &freed);
 	if (r == -EOVERFLOW)
 		return DD_COPY;	/* refcount saturated */
 	if (r == -ENOENT)
@@ -239,33 +240,33 @@ enum dd_dedup_result {
  * candidate left, nobody storing it, so we store it", is one hold of
  * dc->index_lock, so two writers of new content never both store it.
  */
-static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
+static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 {
 	unsigned int nr, i, nr_out = 0, nr_differ = 0;
 	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX];
-	struct dd_io *leader;
+	struct dd_write_block *leader;
 	bool copy = false;
 	int r;
 
 	lockdep_assert_held_read(&dc->lock);
 	for (;;) {
 		spin_lock(&dc->index_lock);
-		nr = copy ? 0 : dd_index_candidates(dc, io->fp, out, nr_out,
+		nr = copy ? 0 : dd_index_candidates(dc, b->fp, out, nr_out,
 						    cand);
 		if (!nr) {
 			/* Never share a block before its data is written. */
-			leader = dd_inflight_find(dc, io->fp);
+			leader = dd_inflight_find(dc, b->fp);
 			if (leader)
-				list_add_tail(&io->wait_entry, &leader->waiters);
+				list_add_tail(&b->wait_entry, &leader->waiters);
 			else
-				dd_inflight_add(dc, io);
+				dd_inflight_add(dc, b);
 			spin_unlock(&dc->index_lock);
 			return leader ? DD_DEDUP_FOLLOWER : DD_DEDUP_LEADER;
 		}
 		spin_unlock(&dc->index_lock);
 
 		for (i = 0; i < nr && !copy; i++) {
-			r = dd_share(dc, io, cand[i]);
+			r = dd_share(dc, b, cand[i]);
 			if (r < 0)
 				return r;
 			if (r == DD_SHARED)
@@ -282,106 +283,170 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_io *io)
 }
 
 /*
- * A zero block is mapped, a duplicate shared; new content gets a block for
- * its data and stays in the in-flight table until dd_decide_stored().
+ * One block, under the transaction lock: a zero block is mapped, a
+ * duplicate shared (DD_DONE, with b->error), new content joins the
+ * in-flight table and still needs a block for its data (DD_STORE), and a
+ * twin of content in flight is parked behind it (DD_PARKED).
  */
-enum dd_decision dd_decide_write(struct dedup_c *dc, struct dd_io *io, int *rp)
+static enum dd_decision dd_decide_block(struct dedup_c *dc, struct dd_write_block *b)
 {
 	struct dd_md_freed freed;
-	u64 free_left;
 	int r;
 
-	down_read(&dc->lock);
+	lockdep_assert_held_read(&dc->lock);
+	b->error = 0;
 	if (READ_ONCE(dc->mode) != DD_MODE_RW) {
-		r = -EIO;
-		goto out;
+		b->error = -EIO;
+		return DD_DONE;
 	}
-	if (io->flags & DD_IO_ZERO) {
-		r = dd_md_map_zero(dc->md, io->lba, &freed);
+	if (b->flags & DD_BLOCK_ZERO) {
+		r = dd_md_map_zero(dc->md, b->lba, &freed);
 		r = dd_changed(dc, r, &freed);
-		goto metadata_done;
-	}
-	r = dd_try_dedup(dc, io);
-	if (r < 0 || r == DD_DEDUP_SHARED) {
-		r = min(r, 0);
-		goto metadata_done;
-	}
-	if (r == DD_DEDUP_FOLLOWER) {
-		up_read(&dc->lock);
-		return DD_PARKED;
-	}
-	r = dd_md_alloc_data(dc->md, &io->pba, &free_left);
-	if (r) {
-		dd_inflight_cancel(dc, io);
-		if (r == -EAGAIN) {
-			/* Blocks freed by this transaction come back at its commit. */
-			dd_wait_for_frees(dc, io);
-			up_read(&dc->lock);
+	} else {
+		r = dd_try_dedup(dc, b);
+		if (r == DD_DEDUP_FOLLOWER)
 			return DD_PARKED;
-		}
-		if (r == -ENOSPC)
-			atomic64_inc(&dc->nospc_errors);
-		goto out;
+		if (r == DD_DEDUP_LEADER)
+			return DD_STORE;
+		r = min(r, 0);
 	}
-	dd_low_water_check(dc, free_left);
-	up_read(&dc->lock);
-	return DD_STORE;
-
-metadata_done:
 	/* A failed change may be half done: nothing more may be committed. */
 	if (r && r != -EROFS)
 		dd_metadata_error(dc, "write", r);
 	else if (!r)
 		dd_check_writeback(dc);
-out:
-	up_read(&dc->lock);
-	*rp = r;
+	b->error = r;
 	return DD_DONE;
 }
 
 /*
- * The data of a DD_STORE write completed (with io->status): map it, and
- * only now let others share it.
- *
- * The block enters the index before it is mapped, while the write still
- * leads its content in the in-flight table: whoever finds it in that
- * window finds it not live yet, looks further, and waits for us. Entered
- * after the mapping instead, a write that freed the block in between
- * would find nothing to forget, and the entry would outlive the block.
+ * Blocks for the data of the @nr_store new blocks among @blk, as few runs
+ * of consecutive physical blocks as the allocator can give, so that their
+ * data goes out in as few bios. A block that gets none leaves the
+ * in-flight table: it waits for the commit that frees blocks, or fails.
  */
-int dd_decide_stored(struct dedup_c *dc, struct dd_io *io)
+static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
+			   unsigned int nr, u8 *decision, unsigned int nr_store)
 {
-	struct dd_md_freed freed;
+	u64 first = 0, len = 0, free_left;
+	struct dd_write_block *b;
+	unsigned int i;
 	int r = 0;
 
+	lockdep_assert_held_read(&dc->lock);
+	for (i = 0; i < nr; i++) {
+		if (decision[i] != DD_STORE)
+			continue;
+		b = &blk[i];
+		if (!len && !r) {
+			r = dd_md_alloc_data_run(dc->md, nr_store, &first, &len,
+						 &free_left);
+			if (!r)
+				dd_low_water_check(dc, free_left);
+		}
+		nr_store--;
+		if (!r) {
+			b->pba = first++;
+			len--;
+			continue;
+		}
+		dd_inflight_cancel(dc, b);
+		if (r == -EAGAIN) {
+			/* Blocks freed by this transaction come back at its commit. */
+			dd_wait_for_frees(dc, b);
+			decision[i] = DD_PARKED;
+			continue;
+		}
+		if (r == -ENOSPC)
+			atomic64_inc(&dc->nospc_errors);
+		b->error = r;
+		decision[i] = DD_DONE;
+	}
+}
+
+/*
+ * Decide the @nr hashed blocks @blk[], the blocks of one write or one
+ * block decided again, in one hold of the transaction lock. What became
+ * of each is in @decision[]: a parked block belongs to whoever requeues
+ * it from then on, so the caller must not look at it again.
+ */
+void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
+		     unsigned int nr, u8 *decision)
+{
+	unsigned int i, nr_store = 0;
+
 	down_read(&dc->lock);
-	if (io->status)
-		r = blk_status_to_errno(io->status);
-	else if (READ_ONCE(dc->mode) != DD_MODE_RW)
-		r = -EIO;
-	if (r) {
-		dd_md_free_data_now(dc->md, io->pba);
+	for (i = 0; i < nr; i++) {
+		/*
+		 * Each block's decision stands on its own: a commit waiting
+		 * for the lock may come between two blocks. Blocks waiting
+		 * for their data's place stay in the in-flight table across
+		 * it, unmapped.
+		 */
+		if (i && rwsem_is_contended(&dc->lock)) {
+			up_read(&dc->lock);
+			down_read(&dc->lock);
+		}
+		decision[i] = dd_decide_block(dc, &blk[i]);
+		nr_store += decision[i] == DD_STORE;
+	}
+	if (nr_store)
+		dd_give_blocks(dc, blk, nr, decision, nr_store);
+	up_read(&dc->lock);
+}
+
+/*
+ * The data of a run of DD_STORE blocks (chained by run_next) was written,
+ * or failed with @error: map each block, and only now let others share
+ * it. b->error says what became of each.
+ *
+ * A block enters the index before it is mapped, while it still leads its
+ * content in the in-flight table: whoever finds it in that window finds
+ * it not live yet, looks further, and waits for it. Entered after the
+ * mapping instead, a write that freed the block in between would find
+ * nothing to forget, and the entry would outlive the block.
+ */
+void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
+{
+	struct dd_md_freed freed;
+	struct dd_write_block *b;
+	int r;
+
+	down_read(&dc->lock);
+	if (!error && READ_ONCE(dc->mode) != DD_MODE_RW)
+		error = -EIO;
+	if (error) {
+		for (b = run; b; b = b->run_next) {
+			dd_md_free_data_now(dc->md, b->pba);
+			b->error = error;
+		}
 		goto out;
 	}
 	spin_lock(&dc->index_lock);
-	dd_index_add(dc, io->fp, io->pba);
+	for (b = run; b; b = b->run_next)
+		dd_index_add(dc, b->fp, b->pba);
 	spin_unlock(&dc->index_lock);
-	r = dd_md_map_new(dc->md, io->lba, io->pba, io->fp, &freed);
-	r = dd_changed(dc, r, &freed);
-	if (r) {
-		dd_metadata_error(dc, "mapping a new block", r);
-		spin_lock(&dc->index_lock);
-		dd_index_remove(&dc->index, io->fp, io->pba);
-		spin_unlock(&dc->index_lock);
-	} else {
-		dd_check_writeback(dc);
+	for (b = run; b; b = b->run_next) {
+		r = dd_md_map_new(dc->md, b->lba, b->pba, b->fp, &freed);
+		r = dd_changed(dc, r, &freed);
+		if (r) {
+			/* After one failure the rest find the metadata closed. */
+			if (r != -EROFS)
+				dd_metadata_error(dc, "mapping a new block", r);
+			spin_lock(&dc->index_lock);
+			dd_index_remove(&dc->index, b->fp, b->pba);
+			spin_unlock(&dc->index_lock);
+		} else {
+			dd_check_writeback(dc);
+		}
+		b->error = r;
 	}
 out:
 	spin_lock(&dc->index_lock);
-	dd_inflight_del(dc, io);
+	for (b = run; b; b = b->run_next)
+		dd_inflight_del(dc, b);
 	spin_unlock(&dc->index_lock);
 	up_read(&dc->lock);
-	return r;
 }
 
 /*

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * The life of a bio. A read is remapped through the map, without a worker
- * when its entry is cached. A write is copied into a page we own, tested
- * for zeros and hashed without any lock, on an unbound workqueue so that
- * hashing spreads over all CPUs; dedup-decide.c then maps it, or hands
- * back a block for the data, written here. Flushes and FUA writes
- * complete at the next commit (dedup-commit.c).
+ * The life of a bio. A read is remapped through the map a run of blocks
+ * at a time, without a worker when the map is cached. A write of up to
+ * DD_BIO_BLOCKS blocks is copied into pages we own, tested for zeros and
+ * hashed without any lock, in chunks on an unbound workqueue so that
+ * hashing spreads over all CPUs; dedup-decide.c then decides all its
+ * blocks in one pass, mapping duplicates and handing back runs of
+ * physical blocks for new data, written here one bio per run. Flushes and
+ * FUA writes complete at the next commit (dedup-commit.c).
  */
 #define DM_MSG_PREFIX "dedup"
 
@@ -25,19 +27,31 @@ static blk_status_t dd_errno_to_status(int r)
 	}
 }
 
+/* A write, discard or write zeroes is done with @r. */
+static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r)
+{
+	if (r == -EROFS)
+		r = -EIO;
+	if (!r && (bio->bi_opf & REQ_FUA)) {
+		/* Durable when it completes: the commit completes it. */
+		dd_defer_to_commit(dc, bio);
+		return;
+	}
+	dd_endio(bio, dd_errno_to_status(r));
+}
+
 /* ------------------------------------------------------------------ */
 /* reads */
 
-static int dd_read_lookup(struct dedup_c *dc, struct dd_io *io, bool nowait)
+/*
+ * A run of blocks looked up (dd_md_lookup_run returned @r): unmapped ones
+ * read as zeros, mapped ones go to the data device in one piece.
+ */
+static int dd_read_run(struct dedup_c *dc, struct dd_io *io, int r, u64 pba)
 {
 	struct bio *bio = dd_bio(io);
-	u64 pba;
-	int r;
 
 	lockdep_assert_held_read(&dc->lock);
-	r = dd_md_lookup(dc->md, io->lba, &pba, nowait);
-	if (r == -EWOULDBLOCK)
-		return r;
 	if (r == -ENODATA) {
 		zero_fill_bio(bio);
 		bio_endio(bio);
@@ -56,30 +70,50 @@ static int dd_read_lookup(struct dedup_c *dc, struct dd_io *io, bool nowait)
 	return DM_MAPIO_REMAPPED;
 }
 
+/* The worker reads one block: dd_map_read cut the bio to that. */
 static void dd_read_work(struct work_struct *w)
 {
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
+	u64 pba = 0;
 	int r;
 
 	down_read(&dc->lock);
-	r = dd_read_lookup(dc, io, false);
+	r = dd_md_lookup(dc->md, io->lba, &pba, false);
+	r = dd_read_run(dc, io, r, pba);
 	up_read(&dc->lock);
 	if (r == DM_MAPIO_REMAPPED)
 		dm_submit_bio_remap(dd_bio(io), NULL);
 }
 
+/*
+ * A read takes the run of blocks at its start that reads from one place
+ * (dm core sends the rest of the bio to us again), without a worker when
+ * the map is in the cache; otherwise a worker reads the map for its first
+ * block.
+ */
 static int dd_map_read(struct dedup_c *dc, struct dd_io *io)
 {
+	struct bio *bio = dd_bio(io);
+	u64 pba = 0, nr = 1;
 	int r = -EWOULDBLOCK;
 
-	/* The common case needs no worker: the map is in the cache. */
 	if (down_read_trylock(&dc->lock)) {
-		r = dd_read_lookup(dc, io, true);
+		r = dd_md_lookup_run(dc->md, io->lba,
+				     bio_sectors(bio) / DD_SECTORS_PER_BLOCK,
+				     &pba, &nr, true);
+		if (r != -EWOULDBLOCK) {
+			if (nr * DD_SECTORS_PER_BLOCK < bio_sectors(bio))
+				dm_accept_partial_bio(bio,
+						      nr * DD_SECTORS_PER_BLOCK);
+			r = dd_read_run(dc, io, r, pba);
+		}
 		up_read(&dc->lock);
 	}
 	if (r != -EWOULDBLOCK)
 		return r;
+	if (bio_sectors(bio) > DD_SECTORS_PER_BLOCK)
+		dm_accept_partial_bio(bio, DD_SECTORS_PER_BLOCK);
 	atomic64_inc(&dc->deferred_reads);
 	INIT_WORK(&io->work, dd_read_work);
 	queue_work(dc->wq, &io->work);
@@ -89,98 +123,261 @@ static int dd_map_read(struct dedup_c *dc, struct dd_io *io)
 /* ------------------------------------------------------------------ */
 /* writes */
 
-static void dd_finish_write(struct dedup_c *dc, struct dd_io *io, int r)
+/*
+ * Blocks hashed per work item: the blocks of a large write are hashed on
+ * several CPUs at once.
+ */
+#define DD_HASH_CHUNK		8
+/* What a data bio keeps of its write's flags. */
+#define DD_DATA_HINTS		(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
+				 REQ_BACKGROUND)
+
+static struct dd_io *dd_write_io(struct dd_write *w)
 {
+	return container_of(w, struct dd_io, write);
+}
+
+/* Every block of the write is done: complete the bio. */
+static void dd_write_done(struct dd_write *w)
+{
+	struct dd_io *io = dd_write_io(w);
 	struct bio *bio = dd_bio(io);
+	struct dedup_c *dc = w->dc;
+	int r = READ_ONCE(w->error);
 
-	if (io->data) {
-		dd_data_put(&dc->data_pool, io->data);
-		io->data = NULL;
-	}
-	if (r == -EROFS)
-		r = -EIO;
-	if (!r && (bio->bi_opf & REQ_FUA)) {
-		/* Durable when it completes: the commit completes it. */
-		dd_defer_to_commit(dc, bio);
-		return;
-	}
-	dd_endio(bio, dd_errno_to_status(r));
+	if (w->pooled)
+		mempool_free(w->blk, &dc->batch_pool);
+	else if (w->blk != &io->one)
+		kfree(w->blk);
+	dd_complete_change(dc, bio, r);
 }
 
-static void dd_unique_endio(struct bio *clone)
+/* A reference on the write's blocks: they stay until the last is put. */
+static void dd_write_put(struct dd_write *w)
 {
-	struct dd_io *io = clone->bi_private;
-
-	io->status = clone->bi_status;
-	bio_put(clone);
-	queue_work(io->dc->wq, &io->work);
+	if (atomic_dec_and_test(&w->pending))
+		dd_write_done(w);
 }
 
-static void dd_unique_done_work(struct work_struct *w)
+/* The block is done with @r; the first error of a block fails the write. */
+static void dd_block_done(struct dedup_c *dc, struct dd_write_block *b, int r)
 {
-	struct dd_io *io = container_of(w, struct dd_io, work);
-	struct dedup_c *dc = io->dc;
+	struct dd_write *w = b->w;
 
-	if (io->status)
+	dd_data_put(&dc->data_pool, b->data);
+	b->data = NULL;
+	if (r)
+		cmpxchg(&w->error, 0, r);
+	dd_write_put(w);
+}
+
+/* A data bio of a run of new blocks completed: map them. */
+static void dd_run_done_work(struct work_struct *work)
+{
+	struct dd_write_block *b = container_of(work, struct dd_write_block, work), *next;
+	struct dedup_c *dc = b->w->dc;
+
+	dd_decide_stored(dc, b, b->error);
+	for (; b; b = next) {
+		next = b->run_next;
+		dd_block_done(dc, b, b->error);
+	}
+}
+
+static void dd_run_endio(struct bio *clone)
+{
+	struct dd_write_block *run = clone->bi_private;
+	struct dedup_c *dc = run->w->dc;
+
+	run->error = blk_status_to_errno(clone->bi_status);
+	if (run->error)
 		atomic64_inc(&dc->data_write_errors);
-	dd_finish_write(dc, io, dd_decide_stored(dc, io));
+	bio_put(clone);
+	queue_work(dc->wq, &run->work);
 }
 
-/* Writes our copy, never the submitter's pages: see dedup-data.h. */
-static void dd_submit_unique(struct dedup_c *dc, struct dd_io *io)
+/*
+ * One data bio for the @nr blocks at @run, which have consecutive
+ * physical blocks. It carries our copies, never the submitter's pages:
+ * see dedup-data.h.
+ */
+static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run,
+			  unsigned int nr)
 {
-	struct bio *bio = dd_bio(io), *clone;
+	struct bio *bio = dd_bio(dd_write_io(run->w)), *clone;
+	unsigned int i;
 
-	/* Durability comes from the commit, which flushes the data device. */
-	clone = bio_alloc_bioset(dc->data_dev->bdev, 1,
-				 bio->bi_opf & ~(REQ_FUA | REQ_PREFLUSH),
+	/*
+	 * Durability comes from the commit, which flushes the data device.
+	 * Only hints are passed on: nobody polls this bio, and it is
+	 * submitted from a worker, so REQ_POLLED and REQ_NOWAIT do not apply.
+	 */
+	clone = bio_alloc_bioset(dc->data_dev->bdev, nr,
+				 REQ_OP_WRITE | (bio->bi_opf & DD_DATA_HINTS),
 				 GFP_NOIO, &dc->bs);
 	bio_clone_blkg_association(clone, bio);
 	clone->bi_ioprio = bio->bi_ioprio;
-	clone->bi_iter.bi_sector = io->pba * DD_SECTORS_PER_BLOCK;
-	__bio_add_page(clone, io->data, DD_BLOCK_SIZE, 0);
-	clone->bi_end_io = dd_unique_endio;
-	clone->bi_private = io;
-	INIT_WORK(&io->work, dd_unique_done_work);
+	clone->bi_iter.bi_sector = run->pba * DD_SECTORS_PER_BLOCK;
+	for (i = 0; i < nr; i++) {
+		__bio_add_page(clone, run[i].data, DD_BLOCK_SIZE, 0);
+		run[i].run_next = i + 1 < nr ? &run[i + 1] : NULL;
+	}
+	run->error = 0;
+	INIT_WORK(&run->work, dd_run_done_work);
+	clone->bi_end_io = dd_run_endio;
+	clone->bi_private = run;
 	submit_bio_noacct(clone);
 }
 
 /*
- * The write's work: the front end once, then the decision, again each
- * time the write was parked (dedup-decide.c and dedup-commit.c queue this
- * same work).
+ * What became of each block: finish those done, and write the data of the
+ * new ones, one bio per run of blocks adjacent in the write with
+ * consecutive physical blocks. Parked blocks are not touched: they may
+ * already be running again elsewhere.
  */
-static void dd_write_work(struct work_struct *w)
+static void dd_act(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
+		   const u8 *decision)
 {
-	struct dd_io *io = container_of(w, struct dd_io, work);
-	struct dedup_c *dc = io->dc;
-	void *p;
-	int r = 0;
+	unsigned int i, n;
 
-	if (!(io->flags & DD_IO_HASHED)) {
-		if (dd_data_is_zero(io->data)) {
-			io->flags |= DD_IO_ZERO;
-		} else {
-			p = kmap_local_page(io->data);
-			r = dd_fingerprint_block(&dc->hasher, p, io->fp);
-			kunmap_local(p);
-			if (r) {
-				DMERR_LIMIT("%s: hashing failed: %d", dd_name(dc), r);
-				dd_finish_write(dc, io, r);
-				return;
-			}
+	for (i = 0; i < nr; i += n) {
+		n = 1;
+		if (decision[i] == DD_DONE) {
+			dd_block_done(dc, &blk[i], blk[i].error);
+		} else if (decision[i] == DD_STORE) {
+			while (i + n < nr && decision[i + n] == DD_STORE &&
+			       blk[i + n].pba == blk[i].pba + n)
+				n++;
+			dd_submit_run(dc, &blk[i], n);
 		}
-		io->flags |= DD_IO_HASHED;
 	}
-	switch (dd_decide_write(dc, io, &r)) {
-	case DD_DONE:
-		dd_finish_write(dc, io, r);
-		break;
-	case DD_STORE:
-		dd_submit_unique(dc, io);
-		break;
-	case DD_PARKED:
-		break;
+}
+
+static void dd_retry_work(struct work_struct *work);
+
+/*
+ * Decide @nr blocks of one write and act on it. The caller holds a
+ * reference on the write's blocks, put here, so that blocks finishing on
+ * other CPUs meanwhile cannot free them under us.
+ */
+static void dd_decide_and_act(struct dedup_c *dc, struct dd_write_block *blk,
+			      unsigned int nr)
+{
+	u8 decision[DD_BIO_BLOCKS];
+	struct dd_write *w = blk->w;
+	unsigned int i;
+
+	/* A parked block's work decides it again (dedup-decide.c). */
+	for (i = 0; i < nr; i++)
+		INIT_WORK(&blk[i].work, dd_retry_work);
+	dd_decide_write(dc, blk, nr, decision);
+	dd_act(dc, blk, nr, decision);
+	dd_write_put(w);
+}
+
+/* A parked block runs again: its twin was stored, or blocks were freed. */
+static void dd_retry_work(struct work_struct *work)
+{
+	struct dd_write_block *b = container_of(work, struct dd_write_block, work);
+
+	atomic_inc(&b->w->pending);
+	dd_decide_and_act(b->w->dc, b, 1);
+}
+
+/* Zero test or fingerprint, on our copy. */
+static int dd_hash_block(struct dedup_c *dc, struct dd_write_block *b)
+{
+	void *p;
+	int r;
+
+	if (dd_data_is_zero(b->data)) {
+		b->flags |= DD_BLOCK_ZERO;
+		return 0;
+	}
+	p = kmap_local_page(b->data);
+	r = dd_fingerprint_block(&dc->hasher, p, b->fp);
+	kunmap_local(p);
+	return r;
+}
+
+/*
+ * A chunk of the write's blocks is hashed without any lock; the last chunk
+ * to finish decides the whole write.
+ */
+static void dd_hash_work(struct work_struct *work)
+{
+	struct dd_write_block *b = container_of(work, struct dd_write_block, work);
+	struct dd_write *w = b->w;
+	struct dedup_c *dc = w->dc;
+	unsigned int i = b - w->blk, end = min(w->nr, i + DD_HASH_CHUNK);
+	int r;
+
+	for (; i < end; i++) {
+		b = &w->blk[i];
+		r = dd_hash_block(dc, b);
+		if (r) {
+			DMERR_LIMIT("%s: hashing failed: %d", dd_name(dc), r);
+			cmpxchg(&w->error, 0, r);
+		}
+	}
+	if (!atomic_dec_and_test(&w->hashing))
+		return;
+	if (!READ_ONCE(w->error)) {
+		dd_decide_and_act(dc, w->blk, w->nr);
+		return;
+	}
+	for (i = 0; i < w->nr; i++)
+		dd_block_done(dc, &w->blk[i], 0);
+	dd_write_put(w);
+}
+
+/*
+ * A write is copied block by block into pages we own, here in the
+ * submitter's context: a writer that finds no page free waits here, and
+ * a dedup-io worker never waits for one while completions queue behind
+ * it. Hashing and the decision run on the workqueue.
+ */
+static void dd_write_start(struct dedup_c *dc, struct dd_io *io)
+{
+	struct bio *bio = dd_bio(io);
+	struct dd_write *w = &io->write;
+	unsigned int nr = bio_sectors(bio) / DD_SECTORS_PER_BLOCK, i;
+	struct page **pages;
+	struct dd_write_block *b;
+
+	w->dc = dc;
+	w->nr = nr;
+	w->error = 0;
+	w->pooled = false;
+	if (nr == 1) {
+		w->blk = &io->one;
+		pages = &io->one_page;
+	} else {
+		/* A batch's page pointers follow its blocks. */
+		w->blk = kmalloc(nr * DD_BATCH_BYTES,
+				 GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
+		if (!w->blk) {
+			w->blk = mempool_alloc(&dc->batch_pool, GFP_NOIO);
+			w->pooled = true;
+		}
+		pages = (struct page **)(w->blk + nr);
+	}
+	dd_data_copy(&dc->data_pool, bio, pages, nr);
+	/* One more than the blocks: the decision's, see dd_decide_and_act. */
+	atomic_set(&w->pending, nr + 1);
+	atomic_set(&w->hashing, DIV_ROUND_UP(nr, DD_HASH_CHUNK));
+	for (i = 0; i < nr; i++) {
+		b = &w->blk[i];
+		b->w = w;
+		b->lba = io->lba + i;
+		b->data = pages[i];
+		b->flags = 0;
+		b->error = 0;
+		INIT_LIST_HEAD(&b->wait_entry);
+	}
+	for (i = 0; i < nr; i += DD_HASH_CHUNK) {
+		INIT_WORK(&w->blk[i].work, dd_hash_work);
+		queue_work(dc->wq, &w->blk[i].work);
 	}
 }
 
@@ -191,27 +388,31 @@ static void dd_discard_work(struct work_struct *w)
 {
 	struct dd_io *io = container_of(w, struct dd_io, work);
 	struct dedup_c *dc = io->dc;
-	u64 n = bio_sectors(dd_bio(io)) / DD_SECTORS_PER_BLOCK;
+	struct bio *bio = dd_bio(io);
+	u64 n = bio_sectors(bio) / DD_SECTORS_PER_BLOCK;
 
-	/* As for writes, FUA means durable on completion. */
-	dd_finish_write(dc, io, dd_decide_unmap(dc, io->lba, io->lba + n));
+	dd_complete_change(dc, bio, dd_decide_unmap(dc, io->lba, io->lba + n));
 }
 
 /* ------------------------------------------------------------------ */
 /* entry points */
 
 /*
- * Reads and writes map one logical block to one physical block whole. The
- * queue limits (logical block size 4 KiB, max_io_len) make every bio one
- * aligned block; a bio queued under an older table with other limits, or
- * from a misbehaving submitter, is refused rather than half mapped.
+ * Reads and writes map whole logical blocks. The queue limits (logical
+ * block size 4 KiB, max_io_len) make every bio whole aligned blocks, at
+ * most DD_BIO_BLOCKS; a bio queued under an older table with other
+ * limits, or from a misbehaving submitter, is refused rather than half
+ * mapped.
  */
-static bool dd_bio_is_one_block(struct dedup_c *dc, struct bio *bio)
+static bool dd_bio_is_whole_blocks(struct dedup_c *dc, struct bio *bio)
 {
-	if (likely(bio_sectors(bio) == DD_SECTORS_PER_BLOCK &&
+	unsigned int sectors = bio_sectors(bio);
+
+	if (likely(sectors && !(sectors & (DD_SECTORS_PER_BLOCK - 1)) &&
+		   sectors <= DD_BIO_BLOCKS * DD_SECTORS_PER_BLOCK &&
 		   !(bio->bi_iter.bi_sector & (DD_SECTORS_PER_BLOCK - 1))))
 		return true;
-	DMERR_LIMIT("%s: refused a %u-byte %s at sector %llu: not one aligned 4 KiB block",
+	DMERR_LIMIT("%s: refused a %u-byte %s at sector %llu: not whole aligned 4 KiB blocks",
 		    dd_name(dc), bio->bi_iter.bi_size,
 		    op_is_write(bio_op(bio)) ? "write" : "read",
 		    (unsigned long long)bio->bi_iter.bi_sector);
@@ -224,9 +425,6 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 
 	io->dc = dc;
 	io->flags = 0;
-	io->status = BLK_STS_OK;
-	io->data = NULL;
-	INIT_LIST_HEAD(&io->wait_entry);
 
 	if (bio->bi_opf & REQ_PREFLUSH) {
 		/* dm core hands us flushes without data. */
@@ -238,24 +436,22 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 		  DD_SECTORS_PER_BLOCK;
 	switch (bio_op(bio)) {
 	case REQ_OP_READ:
-		if (!dd_bio_is_one_block(dc, bio))
+		if (!dd_bio_is_whole_blocks(dc, bio))
 			return DM_MAPIO_KILL;
 		return dd_map_read(dc, io);
 	case REQ_OP_WRITE:
-		if (!dd_bio_is_one_block(dc, bio))
+		if (!dd_bio_is_whole_blocks(dc, bio))
 			return DM_MAPIO_KILL;
-		io->data = dd_data_copy(&dc->data_pool, bio);
-		INIT_WORK(&io->work, dd_write_work);
-		break;
+		dd_write_start(dc, io);
+		return DM_MAPIO_SUBMITTED;
 	case REQ_OP_DISCARD:
 	case REQ_OP_WRITE_ZEROES:
 		INIT_WORK(&io->work, dd_discard_work);
-		break;
+		queue_work(dc->wq, &io->work);
+		return DM_MAPIO_SUBMITTED;
 	default:
 		return DM_MAPIO_KILL;
 	}
-	queue_work(dc->wq, &io->work);
-	return DM_MAPIO_SUBMITTED;
 }
 
 void dd_io_end(struct dedup_c *dc, struct bio *bio)

@@ -962,6 +962,61 @@ static void dd_md_test_alloc_data(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
 }
 
+/*
+ * Runs: the allocator hands out consecutive blocks up to a used one; a
+ * lookup run follows consecutive physical blocks, or unmapped blocks,
+ * and stops at the first block that reads from elsewhere.
+ */
+static void dd_md_test_runs(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 64, 16);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 first = U64_MAX, len = 0, left = 0, pba = 0, nr = 0, i;
+	u8 fp[DD_FP_SIZE];
+
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 6, &first, &len, &left),
+			0);
+	KUNIT_EXPECT_EQ(test, first, 0);
+	KUNIT_EXPECT_EQ(test, len, 6);
+	KUNIT_EXPECT_EQ(test, left, 10);
+	/* lbas 10-15 on pbas 0-5, in order, except that 13 is pba 5, 15 is 3 */
+	for (i = 0; i < 6; i++) {
+		dd_test_fp(fp, 100 + i);
+		pba = i == 3 ? 5 : i == 5 ? 3 : i;
+		KUNIT_ASSERT_EQ(test, dd_test_map_new(test, md, 10 + i, pba, fp),
+				0);
+	}
+	KUNIT_EXPECT_EQ(test, dd_md_lookup_run(md, 10, 64, &pba, &nr, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, 0);
+	KUNIT_EXPECT_EQ(test, nr, 3);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup_run(md, 11, 1, &pba, &nr, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, 1);
+	KUNIT_EXPECT_EQ(test, nr, 1);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup_run(md, 13, 64, &pba, &nr, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, 5);
+	KUNIT_EXPECT_EQ(test, nr, 1);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup_run(md, 15, 64, &pba, &nr, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, 3);
+	KUNIT_EXPECT_EQ(test, nr, 1);
+	/* 0-9 unmapped: one run up to the first mapped block */
+	KUNIT_EXPECT_EQ(test, dd_md_lookup_run(md, 2, 64, &pba, &nr, false),
+			-ENODATA);
+	KUNIT_EXPECT_EQ(test, nr, 8);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup_run(md, 16, 48, &pba, &nr, false),
+			-ENODATA);
+	KUNIT_EXPECT_EQ(test, nr, 48);
+
+	/* The next run starts after the last: 6-15, then nothing left. */
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 64, &first, &len, &left),
+			0);
+	KUNIT_EXPECT_EQ(test, first, 6);
+	KUNIT_EXPECT_EQ(test, len, 10);
+	KUNIT_EXPECT_EQ(test, left, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data_run(md, 1, &first, &len, &left),
+			-ENOSPC);
+}
+
 static void dd_md_test_unmap_range(struct kunit *test)
 {
 	static const u64 lbas[] = { 0, 507, 508, 1000, 1999 };
@@ -1334,6 +1389,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_refcount_errors),
 	KUNIT_CASE(dd_md_test_duplicate_dead),
 	KUNIT_CASE(dd_md_test_alloc_data),
+	KUNIT_CASE(dd_md_test_runs),
 	KUNIT_CASE(dd_md_test_unmap_range),
 	KUNIT_CASE(dd_md_test_unmap_max_freed),
 	KUNIT_CASE(dd_md_test_tall_map),

@@ -380,20 +380,15 @@ void dd_md_close(struct dd_metadata *md)
 /* ------------------------------------------------------------------ */
 /* lookups */
 
-int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
+/* A map entry: 0 for a mapped block, -ENODATA for an unmapped one. */
+static int dd_map_entry(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 {
 	__le64 v;
 	u64 x;
 	int r;
 
-	if (nowait) {
-		if (!down_read_trylock(&md->lock))
-			return -EWOULDBLOCK;
-	} else {
-		down_read(&md->lock);
-	}
+	lockdep_assert_held(&md->lock);
 	r = dd_array_lookup(&md->map, lba, &v, nowait);
-	up_read(&md->lock);
 	if (r)
 		return r;
 	x = le64_to_cpu(v);
@@ -406,6 +401,41 @@ int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 	}
 	*pba = x - 1;
 	return 0;
+}
+
+int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
+{
+	u64 n;
+
+	return dd_md_lookup_run(md, lba, 1, pba, &n, nowait);
+}
+
+int dd_md_lookup_run(struct dd_metadata *md, u64 lba, u64 max, u64 *pba,
+		     u64 *nr, bool nowait)
+{
+	u64 next = U64_MAX;
+	int r, r2;
+
+	if (nowait) {
+		if (!down_read_trylock(&md->lock))
+			return -EWOULDBLOCK;
+	} else {
+		down_read(&md->lock);
+	}
+	r = dd_map_entry(md, lba, pba, nowait);
+	*nr = 1;
+	if (r && r != -ENODATA)
+		goto out;
+	/* A run goes on while the next block reads from the next place. */
+	while (*nr < max) {
+		r2 = dd_map_entry(md, lba + *nr, &next, true);
+		if (r2 != r || (!r && next != *pba + *nr))
+			break;
+		(*nr)++;
+	}
+out:
+	up_read(&md->lock);
+	return r;
 }
 
 static int dd_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp)
@@ -489,13 +519,20 @@ static int dd_writable_check(struct dd_metadata *md)
 
 int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left)
 {
+	u64 len;
+
+	return dd_md_alloc_data_run(md, 1, pba, &len, free_left);
+}
+
+int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
+			 u64 *len, u64 *free_left)
+{
 	int r;
 
-	/* Set by an abort under md->lock: a block handed out late is freed. */
 	if (READ_ONCE(md->read_only))
 		return -EROFS;
 	mutex_lock(&md->data_lock);
-	r = dd_space_alloc(&md->data, pba);
+	r = dd_space_alloc_run(&md->data, want, first, len);
 	if (r == -ENOSPC && md->data.nr_pending)
 		r = -EAGAIN;
 	else if (!r)

@@ -70,6 +70,15 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 void dd_md_close(struct dd_metadata *md);
 
 int dd_md_lookup(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait);
+/*
+ * The run of logical blocks from @lba (at most @max) that reads from one
+ * place: 0 with *pba the first physical block of a run mapped to
+ * consecutive physical blocks, or -ENODATA for a run of unmapped blocks.
+ * *nr >= 1 is the run's length. Only the first lookup may wait for a
+ * metadata read (unless @nowait); the run ends where the next would.
+ */
+int dd_md_lookup_run(struct dd_metadata *md, u64 lba, u64 max, u64 *pba,
+		     u64 *nr, bool nowait);
 int dd_md_get_fingerprint(struct dd_metadata *md, u64 pba, u8 *fp);
 int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count);
 
@@ -88,6 +97,12 @@ int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp);
  * -EROFS when read-only.
  */
 int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left);
+/*
+ * Up to @want consecutive free data blocks, at least one: [*first,
+ * *first + *len). Errors as dd_md_alloc_data.
+ */
+int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
+			 u64 *len, u64 *free_left);
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba);
 
 /*

@@ -258,6 +258,37 @@ static void dd_space_test_first_honoured(struct kunit *test)
 }
 
 /* A million blocks: the counters stay exact through full cycles. */
+/* Runs stop at a used block, wrap to the start, and never pass the end. */
+static void dd_space_test_alloc_run(struct kunit *test)
+{
+	struct dd_space *s = dd_test_space(test, 16, 2);
+	u64 first = U64_MAX, len = U64_MAX;
+
+	KUNIT_ASSERT_EQ(test, dd_space_alloc_run(s, 4, &first, &len), 0);
+	KUNIT_EXPECT_EQ(test, first, 2);
+	KUNIT_EXPECT_EQ(test, len, 4);
+	KUNIT_ASSERT_EQ(test, dd_space_mark_used(s, 9), 0);
+	/* 6, 7 and 8 are free, 9 is not: the run stops there. */
+	KUNIT_ASSERT_EQ(test, dd_space_alloc_run(s, 8, &first, &len), 0);
+	KUNIT_EXPECT_EQ(test, first, 6);
+	KUNIT_EXPECT_EQ(test, len, 3);
+	/* The cursor is at 9: the next run starts after it, up to the end. */
+	KUNIT_ASSERT_EQ(test, dd_space_alloc_run(s, 100, &first, &len), 0);
+	KUNIT_EXPECT_EQ(test, first, 10);
+	KUNIT_EXPECT_EQ(test, len, 6);
+	KUNIT_EXPECT_EQ(test, dd_space_free_blocks(s), 0);
+	KUNIT_EXPECT_EQ(test, dd_space_alloc_run(s, 1, &first, &len), -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_space_alloc_run(s, 0, &first, &len), -ENOSPC);
+
+	/* A block freed behind the cursor is found by wrapping. */
+	dd_space_free_now(s, 3);
+	dd_space_free_now(s, 4);
+	KUNIT_ASSERT_EQ(test, dd_space_alloc_run(s, 8, &first, &len), 0);
+	KUNIT_EXPECT_EQ(test, first, 3);
+	KUNIT_EXPECT_EQ(test, len, 2);
+	KUNIT_EXPECT_EQ(test, s->nr_used, 16);
+}
+
 static void dd_space_test_large(struct kunit *test)
 {
 	const u64 nr = 1 << 20;
@@ -286,6 +317,7 @@ static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_commit_runs),
 	KUNIT_CASE(dd_space_test_free_now_of_pending),
 	KUNIT_CASE(dd_space_test_first_honoured),
+	KUNIT_CASE(dd_space_test_alloc_run),
 	KUNIT_CASE(dd_space_test_large),
 	{}
 };

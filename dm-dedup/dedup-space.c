@@ -43,22 +43,39 @@ void dd_space_exit(struct dd_space *s)
 	s->pending = NULL;
 }
 
-int dd_space_alloc(struct dd_space *s, u64 *block)
+/*
+ * Up to @want consecutive free blocks, from the next free one at or after
+ * the cursor: the unique blocks of one write go out as one data bio.
+ * A run stops at the first used block or the end of the device; the
+ * caller asks again for the rest.
+ */
+int dd_space_alloc_run(struct dd_space *s, u64 want, u64 *first, u64 *len)
 {
-	unsigned long b;
+	unsigned long b, e;
+	u64 limit;
 
-	if (!dd_space_free_blocks(s))
+	if (!want || !dd_space_free_blocks(s))
 		return -ENOSPC;
 	b = find_next_zero_bit(s->used, s->nr_blocks, s->cursor);
 	if (b >= s->nr_blocks)
 		b = find_next_zero_bit(s->used, s->nr_blocks, s->first);
 	if (b >= s->nr_blocks)
 		return -ENOSPC;	/* counters disagree with the bitmap */
-	__set_bit(b, s->used);
-	s->nr_used++;
-	s->cursor = b + 1 < s->nr_blocks ? b + 1 : s->first;
-	*block = b;
+	limit = min_t(u64, s->nr_blocks, b + want);
+	e = find_next_bit(s->used, limit, b);
+	bitmap_set(s->used, b, e - b);
+	s->nr_used += e - b;
+	s->cursor = e < s->nr_blocks ? e : s->first;
+	*first = b;
+	*len = e - b;
 	return 0;
+}
+
+int dd_space_alloc(struct dd_space *s, u64 *block)
+{
+	u64 len;
+
+	return dd_space_alloc_run(s, 1, block, &len);
 }
 
 /* Activation: rebuild the allocation state from what the trees reference. */

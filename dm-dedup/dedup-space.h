@@ -27,6 +27,7 @@ int dd_space_init(struct dd_space *s, u64 nr_blocks, u64 first);
 void dd_space_exit(struct dd_space *s);
 
 int dd_space_alloc(struct dd_space *s, u64 *block);
+int dd_space_alloc_run(struct dd_space *s, u64 want, u64 *first, u64 *len);
 int dd_space_mark_used(struct dd_space *s, u64 block);
 void dd_space_release(struct dd_space *s, u64 block);
 void dd_space_free_now(struct dd_space *s, u64 block);

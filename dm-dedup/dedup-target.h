@@ -24,9 +24,9 @@
  * it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
- * unit that must run a write again (it waited for its twin or for freed
- * blocks) queues the write's own work, dd_write_work in dedup-io.c, and
- * never calls up.
+ * unit that must decide a block of a write again (it waited for its twin
+ * or for freed blocks) queues the block's own work, which dedup-io.c set
+ * up, and never calls up.
  *
  *   dm-dedup-target.c  table lines, construction, status, messages,
  *                      suspend and resume
@@ -109,29 +109,73 @@ struct dedup_c {
 	atomic64_t nospc_errors;
 
 	/* dedup-io.c */
+	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
 };
 
+/* Blocks a write or read bio carries at most (dm core splits the rest). */
+#define DD_BIO_BLOCKS		64
+
+enum dd_block_flags {
+	DD_BLOCK_ZERO = 1 << 0,
+};
+
+enum dd_decision {
+	DD_DONE,	/* mapped (duplicate or zero), or failed: see error */
+	DD_STORE,	/* pba is ours: write the data, then dd_decide_stored() */
+	DD_PARKED,	/* its work runs again later: behind its twin, or for
+			 * freed blocks
+			 */
+};
+
+/*
+ * One 4 KiB block of a write, as dedup-decide.c decides it. The blocks of
+ * one bio are decided together, but each may be parked and decided again
+ * on its own.
+ */
+struct dd_write_block {
+	struct dd_write *w;
+	struct work_struct work;	/* hashing, a data write's end, a retry */
+	u64 lba;
+	u64 pba;
+	struct page *data;		/* our copy of the block */
+	u8 fp[DD_FP_SIZE];
+	unsigned int flags;
+	int error;			/* what became of it, once DD_DONE */
+	struct hlist_node inflight_node;	/* under dc->index_lock */
+	struct list_head waiters;	/* same content, waiting for us */
+	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
+	struct dd_write_block *run_next;	/* next block in the same data bio */
+};
+
+/* A write bio cut into blocks (dedup-io.c). */
+struct dd_write {
+	struct dedup_c *dc;
+	struct dd_write_block *blk;		/* nr of them: one inline, or a batch */
+	unsigned int nr;
+	atomic_t hashing;		/* chunks of blocks still being hashed */
+	atomic_t pending;		/* blocks not yet done */
+	int error;			/* the first block's error that failed */
+	bool pooled;			/* blk came from dc->batch_pool */
+};
+
+/* Per block of a batch: the block, then (after all blocks) its page. */
+#define DD_BATCH_BYTES	(sizeof(struct dd_write_block) + sizeof(struct page *))
+
 enum dd_io_flags {
-	DD_IO_HASHED = 1 << 0,
-	DD_IO_ZERO = 1 << 1,
-	DD_IO_READ_TRACKED = 1 << 2,
+	DD_IO_READ_TRACKED = 1 << 0,
 };
 
 /* Per-bio state, in the space dm reserves for the target. */
 struct dd_io {
 	struct dedup_c *dc;
-	struct work_struct work;
+	struct work_struct work;	/* a read or a discard */
 	u64 lba;
-	u64 pba;
-	struct page *data;		/* a write's copy of its block */
-	u8 fp[DD_FP_SIZE];
 	unsigned int flags;
-	blk_status_t status;
-	struct hlist_node inflight_node;	/* under dc->index_lock */
-	struct list_head waiters;	/* same content, waiting for us */
-	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
+	struct dd_write write;
+	struct dd_write_block one;		/* a one-block write needs no batch */
+	struct page *one_page;
 };
 
 static inline struct bio *dd_bio(struct dd_io *io)
@@ -155,16 +199,11 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
 
 /* dedup-decide.c */
-enum dd_decision {
-	DD_DONE,	/* mapped (duplicate or zero), or failed */
-	DD_STORE,	/* io->pba is ours: write the data, then dd_decide_stored() */
-	DD_PARKED,	/* queued again later: behind its twin, or for freed blocks */
-};
-
 void dd_decide_init(struct dedup_c *dc);
 int dd_index_visit(void *ctx, u64 pba, const u8 *fp);
-enum dd_decision dd_decide_write(struct dedup_c *dc, struct dd_io *io, int *r);
-int dd_decide_stored(struct dedup_c *dc, struct dd_io *io);
+void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
+		     unsigned int nr, u8 *decision);
+void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error);
 int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end);
 
 /* dedup-commit.c */
@@ -173,7 +212,7 @@ void dd_commit_start(struct dedup_c *dc);
 void dd_commit_stop(struct dedup_c *dc);
 int dd_commit(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
-void dd_wait_for_frees(struct dedup_c *dc, struct dd_io *io);
+void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
 void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r);
 void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r);

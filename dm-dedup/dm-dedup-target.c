@@ -24,6 +24,8 @@
  * finds none free waits in map until a write completes.
  */
 #define DD_DATA_RESERVE			256
+/* Block arrays of multi-block writes kept in reserve (see DD_DATA_RESERVE). */
+#define DD_BATCH_RESERVE		4
 
 /*
  * Every constructed dedup target, so that a table reload of the same
@@ -295,6 +297,7 @@ static void dd_destroy(struct dedup_c *dc)
 	dd_index_exit(&dc->index);
 	dd_hasher_exit(&dc->hasher);
 	dd_data_pool_exit(&dc->data_pool);
+	mempool_exit(&dc->batch_pool);
 	bioset_exit(&dc->bs);
 	if (dc->data_dev)
 		dm_put_device(dc->ti, dc->data_dev);
@@ -459,6 +462,12 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		ti->error = "Cannot allocate the reserve of data block copies";
 		goto bad;
 	}
+	r = mempool_init_kmalloc_pool(&dc->batch_pool, DD_BATCH_RESERVE,
+				      DD_BIO_BLOCKS * DD_BATCH_BYTES);
+	if (r) {
+		ti->error = "Cannot allocate the reserve of write batches";
+		goto bad;
+	}
 	mutex_lock(&dd_instances_lock);
 	r = dd_claim_devices(dc, &reload);
 	if (!r)
@@ -483,7 +492,7 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	ti->discards_supported = true;
 	ti->num_write_zeroes_bios = 1;
 	ti->per_io_data_size = sizeof(struct dd_io);
-	r = dm_set_target_max_io_len(ti, DD_SECTORS_PER_BLOCK);
+	r = dm_set_target_max_io_len(ti, DD_BIO_BLOCKS * DD_SECTORS_PER_BLOCK);
 	if (r)
 		goto bad;
 	DMINFO("%s: %llu logical blocks over %llu data blocks, index %zu KiB, hash %s%s%s",

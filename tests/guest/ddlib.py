@@ -568,6 +568,20 @@ class BlockDev:
             count -= c
         return out
 
+    def write_range(self, lba, blocks, flags=0):
+        """Write the 4 KiB `blocks` (a list of bytes) from logical block
+        `lba` in ONE pwritev (one bio up to the device's limits; dm splits
+        it at the target's maximum I/O size).  `flags`: os.RWF_*."""
+        size = len(blocks) * BLOCK
+        if self.big is None or len(self.big) < size:
+            if self.big is not None:
+                self.big.close()
+            self.big = mmap.mmap(-1, max(size, 256 * BLOCK))
+        with memoryview(self.big)[:size] as mv:
+            mv[:] = b"".join(blocks)
+            n = os.pwritev(self.fd, [mv], lba * BLOCK, flags)
+        assert n == size, "short write %d at block %d" % (n, lba)
+
     def fsync(self):
         os.fsync(self.fd)
 
