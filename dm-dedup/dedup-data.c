@@ -9,16 +9,44 @@
 #include "dedup-data.h"
 #include "dedup-format.h"
 
+/* Pages kept for reuse beyond the reserve, at most (4 MiB). */
+#define DD_DATA_KEEP	1024
+
 int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve)
 {
 	BUILD_BUG_ON(DD_BLOCK_SIZE != PAGE_SIZE);
 	mutex_init(&pool->reserve_lock);
+	spin_lock_init(&pool->kept_lock);
+	INIT_LIST_HEAD(&pool->kept);
+	pool->nr_kept = 0;
 	return mempool_init_page_pool(&pool->pages, reserve, 0);
 }
 
 void dd_data_pool_exit(struct dd_data_pool *pool)
 {
+	struct page *page, *tmp;
+
+	list_for_each_entry_safe(page, tmp, &pool->kept, lru)
+		__free_page(page);
+	INIT_LIST_HEAD(&pool->kept);
+	pool->nr_kept = 0;
 	mempool_exit(&pool->pages);
+}
+
+/* Up to @nr kept pages into @pages; returns how many. */
+static unsigned int dd_data_take_kept(struct dd_data_pool *pool,
+				      struct page **pages, unsigned int nr)
+{
+	unsigned int i;
+
+	spin_lock(&pool->kept_lock);
+	for (i = 0; i < nr && !list_empty(&pool->kept); i++) {
+		pages[i] = list_first_entry(&pool->kept, struct page, lru);
+		list_del(&pages[i]->lru);
+	}
+	pool->nr_kept -= i;
+	spin_unlock(&pool->kept_lock);
+	return i;
 }
 
 /*
@@ -34,7 +62,7 @@ static void dd_data_get(struct dd_data_pool *pool, struct page **pages,
 {
 	unsigned int i;
 
-	for (i = 0; i < nr; i++) {
+	for (i = dd_data_take_kept(pool, pages, nr); i < nr; i++) {
 		pages[i] = alloc_page(GFP_NOWAIT | __GFP_NOWARN);
 		if (!pages[i])
 			break;
@@ -42,10 +70,11 @@ static void dd_data_get(struct dd_data_pool *pool, struct page **pages,
 	if (i == nr)
 		return;
 	while (i--)
-		mempool_free(pages[i], &pool->pages);
+		dd_data_put(pool, pages[i]);
 	mutex_lock(&pool->reserve_lock);
 	for (i = 0; i < nr; i++)
-		pages[i] = mempool_alloc(&pool->pages, GFP_NOIO);
+		if (!dd_data_take_kept(pool, &pages[i], 1))
+			pages[i] = mempool_alloc(&pool->pages, GFP_NOIO);
 	mutex_unlock(&pool->reserve_lock);
 }
 
@@ -81,7 +110,24 @@ void dd_data_copy(struct dd_data_pool *pool, struct bio *bio,
 
 void dd_data_put(struct dd_data_pool *pool, struct page *page)
 {
-	mempool_free(page, &pool->pages);
+	/*
+	 * The reserve is refilled first: a writer waiting for it is woken
+	 * only by a page given back through the mempool. With the reserve
+	 * full nobody waits for it, and the page is kept for reuse.
+	 */
+	if (READ_ONCE(pool->pages.curr_nr) < pool->pages.min_nr) {
+		mempool_free(page, &pool->pages);
+		return;
+	}
+	spin_lock(&pool->kept_lock);
+	if (pool->nr_kept < DD_DATA_KEEP) {
+		list_add(&page->lru, &pool->kept);
+		pool->nr_kept++;
+		page = NULL;
+	}
+	spin_unlock(&pool->kept_lock);
+	if (page)
+		__free_page(page);
 }
 
 bool dd_data_is_zero(struct page *page)

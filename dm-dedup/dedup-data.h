@@ -12,13 +12,17 @@
  *
  * The copies come from a mempool so that writes make progress under
  * memory pressure; a block holds its copy until it is done, which never
- * needs another copy.
+ * needs another copy. Pages given back are kept for reuse (up to 4 MiB
+ * per device): a fresh page from the allocator is zeroed first when the
+ * kernel runs with init_on_alloc (Debian's default), only for the copy
+ * to overwrite it.
  */
 #ifndef DM_DEDUP_DATA_H
 #define DM_DEDUP_DATA_H
 
 #include <linux/mempool.h>
 #include <linux/mutex.h>
+#include <linux/spinlock.h>
 #include <linux/types.h>
 
 struct bio;
@@ -27,6 +31,9 @@ struct page;
 struct dd_data_pool {
 	mempool_t pages;
 	struct mutex reserve_lock;	/* one writer at a time takes the reserve */
+	spinlock_t kept_lock;		/* protects the two below */
+	struct list_head kept;		/* pages given back, for reuse */
+	unsigned int nr_kept;
 };
 
 int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve);

@@ -25,6 +25,8 @@
  * duplicate.
  */
 #define DD_VERIFY_CANDIDATES		8
+/* New blocks mapped per trip through the metadata lock. */
+#define DD_MAP_BATCH			16
 /* Logical blocks a discard unmaps per trip through the locks. */
 #define DD_UNMAP_CHUNK			1024
 
@@ -396,6 +398,43 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 }
 
 /*
+ * Map the blocks of a stored run from @b on, as many as one trip through
+ * the metadata lock takes (up to DD_MAP_BATCH, or up to one that frees a
+ * block); returns the first block not mapped yet.
+ */
+static struct dd_write_block *
+dd_mapped(struct dedup_c *dc, struct dd_write_block *b, struct dd_md_new *nb,
+	  struct dd_md_freed *freed)
+{
+	struct dd_write_block *x;
+	unsigned int n = 0, done, i;
+	int r, rb;
+
+	lockdep_assert_held_read(&dc->lock);
+	for (x = b; x && n < DD_MAP_BATCH; x = x->run_next, n++) {
+		nb[n].lba = x->lba;
+		nb[n].pba = x->pba;
+		nb[n].fp = x->fp;
+	}
+	r = dd_md_map_new_run(dc->md, nb, n, &done, freed);
+	for (i = 0; i < done; i++, b = b->run_next) {
+		rb = dd_changed(dc, i + 1 < done ? 0 : r, freed);
+		if (rb) {
+			/* After one failure the rest find the metadata closed. */
+			if (rb != -EROFS)
+				dd_metadata_error(dc, "mapping a new block", rb);
+			spin_lock(&dc->index_lock);
+			dd_index_remove(&dc->index, b->fp, b->pba);
+			spin_unlock(&dc->index_lock);
+		}
+		b->error = rb;
+	}
+	if (r >= 0)
+		dd_check_writeback(dc);
+	return b;
+}
+
+/*
  * The data of a run of DD_STORE blocks (chained by run_next) was written,
  * or failed with @error: map each block, and only now let others share
  * it. b->error says what became of each.
@@ -408,9 +447,9 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
  */
 void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
 {
+	struct dd_md_new nb[DD_MAP_BATCH];
 	struct dd_md_freed freed;
 	struct dd_write_block *b;
-	int r;
 
 	down_read(&dc->lock);
 	if (!error && READ_ONCE(dc->mode) != DD_MODE_RW)
@@ -426,21 +465,8 @@ void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
 	for (b = run; b; b = b->run_next)
 		dd_index_add(dc, b->fp, b->pba);
 	spin_unlock(&dc->index_lock);
-	for (b = run; b; b = b->run_next) {
-		r = dd_md_map_new(dc->md, b->lba, b->pba, b->fp, &freed);
-		r = dd_changed(dc, r, &freed);
-		if (r) {
-			/* After one failure the rest find the metadata closed. */
-			if (r != -EROFS)
-				dd_metadata_error(dc, "mapping a new block", r);
-			spin_lock(&dc->index_lock);
-			dd_index_remove(&dc->index, b->fp, b->pba);
-			spin_unlock(&dc->index_lock);
-		} else {
-			dd_check_writeback(dc);
-		}
-		b->error = r;
-	}
+	for (b = run; b; b = dd_mapped(dc, b, nb, &freed))
+		;
 out:
 	spin_lock(&dc->index_lock);
 	for (b = run; b; b = b->run_next)

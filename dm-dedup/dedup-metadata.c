@@ -708,11 +708,24 @@ static int dd_map_zero(struct dd_metadata *md, u64 lba,
 int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 		  struct dd_md_freed *freed)
 {
-	int r;
+	struct dd_md_new nb = { .lba = lba, .pba = pba, .fp = fp };
+	unsigned int done;
+
+	return dd_md_map_new_run(md, &nb, 1, &done, freed);
+}
+
+int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
+		      unsigned int nr, unsigned int *done,
+		      struct dd_md_freed *freed)
+{
+	unsigned int i;
+	int r = 0;
 
 	down_write(&md->lock);
-	r = dd_map_new(md, lba, pba, fp, freed);
+	for (i = 0; i < nr && !r; i++)
+		r = dd_map_new(md, nb[i].lba, nb[i].pba, nb[i].fp, freed);
 	up_write(&md->lock);
+	*done = i;
 	return r;
 }
 

@@ -113,6 +113,22 @@ void dd_md_free_data_now(struct dd_metadata *md, u64 pba);
 int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 		  struct dd_md_freed *freed);
 
+struct dd_md_new {
+	u64 lba;
+	u64 pba;
+	const u8 *fp;
+};
+
+/*
+ * dd_md_map_new for @nb[0..nr) in order, in one hold of the metadata lock,
+ * up to and including the first entry that frees a block or fails:
+ * *done (>= 1) is the number of entries handled, and the result (and
+ * *freed) is that of the last of them; the ones before it returned 0.
+ */
+int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
+		      unsigned int nr, unsigned int *done,
+		      struct dd_md_freed *freed);
+
 /*
  * @lba shares the live block @pba: takes the reference and maps in one step.
  * 1/0 as dd_md_map_new. Soft misses, nothing changed (not even dirtying the
