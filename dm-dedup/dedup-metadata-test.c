@@ -1017,6 +1017,40 @@ static void dd_md_test_runs(struct kunit *test)
 			-ENOSPC);
 }
 
+/*
+ * A run of new blocks mapped in one call stops after the first that frees
+ * a block, reporting it; the caller goes on from there.
+ */
+static void dd_md_test_map_new_run(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 64, 16);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 fp[4][DD_FP_SIZE];
+	struct dd_md_new nb[3];
+	struct dd_md_freed f;
+	unsigned int done = 0, i;
+	u64 old = dd_test_write(test, md, 21, 77);
+
+	for (i = 0; i < 3; i++) {
+		dd_test_fp(fp[i], 200 + i);
+		nb[i].lba = 20 + i;
+		nb[i].pba = dd_test_alloc(test, md);
+		nb[i].fp = fp[i];
+	}
+	/* lba 21 held the only reference to @old: the run stops there. */
+	KUNIT_EXPECT_EQ(test, dd_md_map_new_run(md, nb, 3, &done, &f), 1);
+	KUNIT_EXPECT_EQ(test, done, 2);
+	KUNIT_EXPECT_EQ(test, f.pba, old);
+	dd_test_expect_map(test, md, 20, nb[0].pba);
+	dd_test_expect_map(test, md, 21, nb[1].pba);
+	dd_test_expect_unmapped(test, md, 22);
+	KUNIT_EXPECT_EQ(test, dd_md_map_new_run(md, nb + 2, 1, &done, &f), 0);
+	KUNIT_EXPECT_EQ(test, done, 1);
+	dd_test_expect_map(test, md, 22, nb[2].pba);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).unique_writes, 4);
+}
+
 static void dd_md_test_unmap_range(struct kunit *test)
 {
 	static const u64 lbas[] = { 0, 507, 508, 1000, 1999 };
@@ -1390,6 +1424,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_duplicate_dead),
 	KUNIT_CASE(dd_md_test_alloc_data),
 	KUNIT_CASE(dd_md_test_runs),
+	KUNIT_CASE(dd_md_test_map_new_run),
 	KUNIT_CASE(dd_md_test_unmap_range),
 	KUNIT_CASE(dd_md_test_unmap_max_freed),
 	KUNIT_CASE(dd_md_test_tall_map),
