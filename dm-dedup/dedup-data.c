@@ -26,8 +26,10 @@ void dd_data_pool_exit(struct dd_data_pool *pool)
 {
 	struct page *page, *tmp;
 
-	list_for_each_entry_safe(page, tmp, &pool->kept, lru)
-		__free_page(page);
+	/* Also for a pool never set up (zeroed): a constructor that failed. */
+	if (pool->kept.next)
+		list_for_each_entry_safe(page, tmp, &pool->kept, lru)
+			__free_page(page);
 	INIT_LIST_HEAD(&pool->kept);
 	pool->nr_kept = 0;
 	mempool_exit(&pool->pages);
@@ -113,9 +115,10 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page)
 	/*
 	 * The reserve is refilled first: a writer waiting for it is woken
 	 * only by a page given back through the mempool. With the reserve
-	 * full nobody waits for it, and the page is kept for reuse.
+	 * full and nobody taking from it, the page is kept for reuse.
 	 */
-	if (READ_ONCE(pool->pages.curr_nr) < pool->pages.min_nr) {
+	if (READ_ONCE(pool->pages.curr_nr) < pool->pages.min_nr ||
+	    mutex_is_locked(&pool->reserve_lock)) {
 		mempool_free(page, &pool->pages);
 		return;
 	}

@@ -342,6 +342,43 @@ static void dd_decide_test_batch(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, st.mapped, 7);
 }
 
+/*
+ * A write of 40 blocks whose content is stored already, over logical
+ * blocks of which some mapped the stored block and some another: all
+ * shared, in groups, and the other block freed by the overwrite.
+ */
+static void dd_decide_test_batch_of_duplicates(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	struct dd_test_write *a = dd_test_new_write(test, dc, 0, 5, NULL);
+	struct dd_test_write *x = dd_test_new_write(test, dc, 20, 6, NULL);
+	struct dd_write_block *blk;
+	struct dd_md_stats st;
+	struct dd_write *w;
+	u8 d[40];
+	int i;
+
+	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, a), DD_STORE);
+	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, x), DD_STORE);
+	w = kunit_kzalloc(test, sizeof(*w), GFP_KERNEL);
+	blk = kunit_kcalloc(test, 40, sizeof(*blk), GFP_KERNEL);
+	KUNIT_ASSERT_NOT_NULL(test, w);
+	KUNIT_ASSERT_NOT_NULL(test, blk);
+	for (i = 0; i < 40; i++)
+		dd_test_block(w, &blk[i], dc, i, 5);
+	dd_decide_write(dc, blk, 40, d);
+	for (i = 0; i < 40; i++) {
+		KUNIT_EXPECT_EQ_MSG(test, d[i], DD_DONE, "block %d", i);
+		KUNIT_EXPECT_EQ_MSG(test, blk[i].error, 0, "block %d", i);
+		KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, i), a->b.pba);
+	}
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 40);
+	KUNIT_EXPECT_EQ(test, st.data_live, 1);
+	KUNIT_EXPECT_EQ(test, st.pending_free, 1);
+	KUNIT_EXPECT_EQ(test, st.mapped, 40);
+}
+
 /* Many writers at once: run the decision, and again whenever requeued. */
 static void dd_test_decide_work(struct work_struct *w)
 {
@@ -400,6 +437,7 @@ static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_candidate_reused),
 	KUNIT_CASE(dd_decide_test_full),
 	KUNIT_CASE(dd_decide_test_batch),
+	KUNIT_CASE(dd_decide_test_batch_of_duplicates),
 	KUNIT_CASE(dd_decide_test_concurrent_writers),
 	{}
 };

@@ -366,6 +366,86 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 	}
 }
 
+/* Not decided yet by dd_share_known(): the block's own steps decide it. */
+#define DD_UNDECIDED	0xff
+
+/* What became of @nr shares dd_share_known() tried in one trip. */
+static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
+			    u8 *decision, const struct dd_md_dup *d,
+			    const u8 *which, unsigned int nr,
+			    const struct dd_md_freed *freed)
+{
+	bool changed = false;
+	unsigned int j;
+	int r;
+
+	lockdep_assert_held_read(&dc->lock);
+	for (j = 0; j < nr; j++) {
+		r = d[j].r;
+		if (r == -ENOENT || r == -EOVERFLOW)
+			continue;	/* the block's own steps look further */
+		/* Only the last can have freed a block. */
+		r = dd_changed(dc, r, freed);
+		if (r && r != -EROFS)
+			dd_metadata_error(dc, "write", r);
+		changed |= !r;
+		blk[which[j]].error = r;
+		decision[which[j]] = DD_DONE;
+	}
+	if (changed)
+		dd_check_writeback(dc);
+}
+
+/*
+ * The blocks whose content the index already knows, shared in groups of
+ * up to DD_MAP_BATCH per trip through the index lock and the metadata
+ * lock: with duplicate-heavy data (clones, VM images) that is most
+ * blocks. Each share checks liveness and the fingerprint record itself,
+ * as dd_share does. Anything else (zero blocks, new content, a candidate
+ * that died, verify) is left DD_UNDECIDED for dd_decide_block.
+ */
+static noinline_for_stack void
+dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
+	       u8 *decision)
+{
+	struct dd_md_dup d[DD_MAP_BATCH];
+	u8 which[DD_MAP_BATCH];
+	u64 cand[DD_CANDIDATES];
+	struct dd_md_freed freed;
+	unsigned int i = 0, n, k, done;
+
+	lockdep_assert_held_read(&dc->lock);
+	memset(decision, DD_UNDECIDED, nr);
+	if (dc->verify)
+		return;
+	while (i < nr) {
+		/* As between the blocks in dd_decide_write. */
+		if (i && rwsem_is_contended(&dc->lock)) {
+			up_read(&dc->lock);
+			down_read(&dc->lock);
+		}
+		n = 0;
+		spin_lock(&dc->index_lock);
+		for (; i < nr && n < DD_MAP_BATCH; i++) {
+			if (blk[i].flags & DD_BLOCK_ZERO ||
+			    !dd_index_candidates(dc, blk[i].fp, NULL, 0, cand))
+				continue;
+			d[n].lba = blk[i].lba;
+			d[n].pba = cand[0];
+			d[n].fp = blk[i].fp;
+			which[n++] = i;
+		}
+		spin_unlock(&dc->index_lock);
+		for (k = 0; k < n; k += done) {
+			if (READ_ONCE(dc->mode) != DD_MODE_RW)
+				return;
+			dd_md_map_duplicates(dc->md, d + k, n - k, &done, &freed);
+			dd_shared_known(dc, blk, decision, d + k, which + k, done,
+					&freed);
+		}
+	}
+}
+
 /*
  * Decide the @nr hashed blocks @blk[], the blocks of one write or one
  * block decided again, in one hold of the transaction lock. What became
@@ -378,7 +458,10 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 	unsigned int i, nr_store = 0;
 
 	down_read(&dc->lock);
+	dd_share_known(dc, blk, nr, decision);
 	for (i = 0; i < nr; i++) {
+		if (decision[i] != DD_UNDECIDED)
+			continue;
 		/*
 		 * Each block's decision stands on its own: a commit waiting
 		 * for the lock may come between two blocks. Blocks waiting

@@ -732,12 +732,29 @@ int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
 int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 			const u8 *fp, struct dd_md_freed *freed)
 {
+	struct dd_md_dup d = { .lba = lba, .pba = pba, .fp = fp };
+	unsigned int done;
+
+	dd_md_map_duplicates(md, &d, 1, &done, freed);
+	return d.r;
+}
+
+void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
+			  unsigned int nr, unsigned int *done,
+			  struct dd_md_freed *freed)
+{
+	unsigned int i = 0;
 	int r;
 
 	down_write(&md->lock);
-	r = dd_map_duplicate(md, lba, pba, fp, freed);
+	while (i < nr) {
+		r = dd_map_duplicate(md, d[i].lba, d[i].pba, d[i].fp, freed);
+		d[i++].r = r;
+		if (r == 1 || (r < 0 && r != -ENOENT && r != -EOVERFLOW))
+			break;
+	}
 	up_write(&md->lock);
-	return r;
+	*done = i;
 }
 
 int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)

@@ -141,6 +141,23 @@ int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
 int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 			const u8 *fp, struct dd_md_freed *freed);
 
+struct dd_md_dup {
+	u64 lba;
+	u64 pba;
+	const u8 *fp;
+	int r;		/* what dd_md_map_duplicate would have returned */
+};
+
+/*
+ * dd_md_map_duplicate for @d[0..nr) in order, in one hold of the metadata
+ * lock, up to and including the first entry that frees a block (its
+ * *freed) or fails with an error other than a soft miss. *done (>= 1) is
+ * the number of entries handled, each with its result in d[i].r.
+ */
+void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
+			  unsigned int nr, unsigned int *done,
+			  struct dd_md_freed *freed);
+
 /* An all-zero block; 1/0 as dd_md_map_new. */
 int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed);
 
