@@ -19,8 +19,9 @@
 # small sizes, one repetition, two images) writes to tests/out/bench/ instead.
 #
 # Environment: BENCH_REPS (3), BENCH_QUICK, BENCH_STACKS ("raw thin vdo
-# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync pool"),
+# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync discard pool"),
 # BENCH_CACHE (/var/cache/dm-dedup-bench), BENCH_OUT (result directory),
+# BENCH_BEFORE (a commit whose module runs as one more stack, "before"),
 # BENCH_DATA_GIB (12), BENCH_PROFILE (workloads for profile.sh, default
 # "seq0 seq100 rand50"; "none" skips it), SKIP_DEPS=1, SKIP_BUILD=1,
 # GUEST_TIMEOUT (7200).
@@ -82,6 +83,23 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     (cd "$REPO/tools" && cargo build -q --release)
 fi
 [ -f "$REPO/dm-dedup/dm-dedup.ko" ] || die "no dm-dedup/dm-dedup.ko"
+
+# BENCH_BEFORE=<commit>: the module of that commit runs as one more stack,
+# "before", for before-and-after figures from one boot. Built in a
+# worktree under tests/out, where the guest can see it.
+STACKS=${BENCH_STACKS:-raw thin vdo dedup}
+BEFORE_KO=
+if [ -n "${BENCH_BEFORE:-}" ]; then
+    wt=$REPO/tests/out/bench-before
+    before=$(git -C "$REPO" rev-parse --short "$BENCH_BEFORE") || die "no commit $BENCH_BEFORE"
+    say "building the module of $before (the \"before\" stack)"
+    rm -rf "$wt"
+    git -C "$REPO" worktree prune
+    git -C "$REPO" worktree add -f --detach "$wt" "$before" >/dev/null
+    make -s -C "$wt" KDIR="/usr/src/linux-headers-$KVER" module >/dev/null
+    BEFORE_KO=$wt/dm-dedup/dm-dedup.ko
+    [ -z "${BENCH_STACKS:-}" ] && STACKS="raw thin vdo before dedup"
+fi
 [ -x "$REPO/tools/target/release/dedup" ] || die "no tools/target/release/dedup"
 
 BENCH_CACHE=$CACHE "$REPO/scripts/bench-images.sh"
@@ -102,8 +120,8 @@ host_cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
 qemu_ver=$(qemu-system-x86_64 --version | head -n 1)
 q() { printf '%q' "$1"; }
 CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
-export BENCH_STACKS=$(q "${BENCH_STACKS:-raw thin vdo dedup}")
-export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync pool}")
+export BENCH_STACKS=$(q "$STACKS") BENCH_BEFORE_KO=$(q "$BEFORE_KO") BENCH_BEFORE=$(q "${before:-}")
+export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync discard pool}")
 export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/target/release/dedup")
 /usr/bin/python3 $(q "$REPO/tests/bench/bench.py") || exit
 # A failed profile must not cost the benchmark's results: it says so in

@@ -254,7 +254,26 @@ class Dedup(Stack):
         return ["bench-dedup"]
 
 
-STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup}
+class DedupBefore(Dedup):
+    """dm-dedup built from an earlier commit (BENCH_BEFORE_KO), for before
+    and after figures from one boot: its module is swapped in for this
+    stack and the tree's module back afterwards (both register "dedup")."""
+    name = "before"
+
+    def create(self):
+        ddlib.unload_dedup_module()
+        ddlib.load_dedup_module(os.environ["BENCH_BEFORE_KO"])
+        super().create()
+
+    def remove(self):
+        try:
+            super().remove()
+        finally:
+            ddlib.unload_dedup_module()
+            ddlib.load_dedup_module()
+
+
+STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup, "before": DedupBefore}
 
 
 def discard_disks(data, meta):
@@ -411,6 +430,63 @@ def w_fsync(stacks, data, meta):
     save()
 
 
+DISCARD_BYTES = (64 if QUICK else 1024) * MIB
+DISCARD_READ_REGION = 64 * MIB
+
+
+def timed_discard_with_reader(dev, offset, length):
+    """Discard [offset, offset+length) of dev and time it, while fio keeps
+    4 KiB random reads (iodepth 4) going on the region after the discarded
+    ones; the reader is stopped when the discard returns. Returns the
+    discard's seconds and the reader's IOPS and p99 latency meanwhile."""
+    import signal
+    import subprocess
+    read_off = 2 * DISCARD_BYTES
+    args = ["fio", "--name=reader", "--filename=" + dev, "--direct=1",
+            "--ioengine=libaio", "--output-format=json", "--rw=randread", "--bs=4k",
+            "--iodepth=4", "--offset=%d" % read_off, "--size=%d" % DISCARD_READ_REGION,
+            "--time_based=1", "--runtime=3600", "--randseed=31"]
+    reader = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)                       # the reader is up and running
+        t0 = time.monotonic()
+        sh(["blkdiscard", "-o", str(offset), "-l", str(length), dev], timeout=3600)
+        secs = time.monotonic() - t0
+    finally:
+        reader.send_signal(signal.SIGINT)
+        out, _ = reader.communicate(timeout=120)
+    job = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    lat = job.get("clat_ns", {}).get("percentile", {})
+    return {"secs": secs, "read_iops": job["iops"],
+            "read_p99_us": lat.get("99.000000", 0) / 1000}
+
+
+def w_discard(stacks, data, meta):
+    """A 1 GiB discard of mapped, deduplicated data (fio's 50 % duplicates),
+    for dm-vdo and dm-dedup: the first of two regions is the warm-up, the
+    second is measured. A reader runs meanwhile on a third region."""
+    for cls in stacks:
+        if cls not in (Vdo, Dedup):
+            continue
+        s = fresh(cls, data, meta)
+        try:
+            fio(s.dev, rw="write", bs="1M", iodepth=4,
+                size=2 * DISCARD_BYTES + DISCARD_READ_REGION, **data_opts(50, 4242))
+            sh(["sync"])
+            runs = [timed_discard_with_reader(s.dev, i * DISCARD_BYTES, DISCARD_BYTES)
+                    for i in range(2)]
+            entry = dict(runs[1], stack=s.name, bytes=DISCARD_BYTES, warmup=runs[0],
+                         extra=s.extra())
+            RESULTS.setdefault("discard", []).append(entry)
+            log("discard  %d MiB %-6s %.1f s, reads meanwhile %.0f IOPS (p99 %.0f us); "
+                "warm-up %.1f s" % (DISCARD_BYTES >> 20, s.name, entry["secs"],
+                                    entry["read_iops"], entry["read_p99_us"],
+                                    runs[0]["secs"]))
+        finally:
+            s.remove()
+    save()
+
+
 def w_pool(stacks, data, meta):
     pooldev = disk("pool")
     if pooldev is None:
@@ -489,7 +565,8 @@ def w_pool(stacks, data, meta):
 
 
 WORKLOAD_FUNCS = {"seqwrite": w_seqwrite, "randwrite": w_randwrite,
-                  "randread": w_randread, "fsync": w_fsync, "pool": w_pool}
+                  "randread": w_randread, "fsync": w_fsync, "discard": w_discard,
+                  "pool": w_pool}
 
 
 def cpu_reference():
@@ -509,7 +586,50 @@ def cpu_reference():
         dst[:] = buf
         n += len(buf)
     return {"sha256_4k_bytes_per_sec": round(sha), "memcpy_bytes_per_sec": round(
-        n / (time.monotonic() - t0))}
+        n / (time.monotonic() - t0)),
+        "kernel_sha256_4k_all_cpus_bytes_per_sec": round(kernel_hash_limit())}
+
+
+def _alg_hash_worker(secs, out):
+    """SHA-256 of 4 KiB blocks through the kernel's crypto API (AF_ALG) for
+    secs seconds; puts the bytes hashed on out."""
+    import socket
+    buf = os.urandom(BLOCK)
+    with socket.socket(socket.AF_ALG, socket.SOCK_SEQPACKET, 0) as alg:
+        alg.bind(("hash", "sha256"))
+        op, _ = alg.accept()
+        with op:
+            n, t0 = 0, time.monotonic()
+            while time.monotonic() - t0 < secs:
+                for _ in range(64):
+                    op.sendall(buf)
+                    op.recv(32)
+                n += 64 * BLOCK
+    out.put(n)
+
+
+def kernel_hash_limit(secs=3):
+    """The most any stack that hashes every block with SHA-256 can write
+    here: the kernel's own SHA-256 of 4 KiB blocks (the driver the target
+    gets), on every vCPU at once, in bytes per second. Measured in the same
+    boot as the workloads."""
+    import multiprocessing
+    import socket
+    ddlib.modprobe("algif_hash", check=False)
+    try:
+        socket.socket(socket.AF_ALG, socket.SOCK_SEQPACKET, 0).close()
+    except OSError as e:
+        log("no kernel hashing limit: AF_ALG: %s" % e)
+        return 0
+    q = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=_alg_hash_worker, args=(secs, q))
+             for _ in range(os.cpu_count() or 1)]
+    for p in procs:
+        p.start()
+    total = sum(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return total / secs
 
 
 def versions():
@@ -556,6 +676,7 @@ def main():
     RESULTS["machine"].update(cpu_reference())
     log("guest CPU: %s" % {k: v for k, v in RESULTS["machine"].items() if "per_sec" in k})
     RESULTS["config"] = {"reps": REPS, "quick": QUICK, "stacks": STACKS,
+                         "before_commit": os.environ.get("BENCH_BEFORE", ""),
                          "workloads": WORKLOADS, "seq_bytes": SEQ_BYTES,
                          "rand_bytes": RAND_BYTES, "read_fill_bytes": READ_FILL,
                          "timed_secs": TIMED_SECS, "data_bytes": sectors(data) * 512,
