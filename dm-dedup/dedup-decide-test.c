@@ -379,6 +379,43 @@ static void dd_decide_test_batch_of_duplicates(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, st.mapped, 40);
 }
 
+/*
+ * A write whose first block takes the content its second block replaces:
+ * the share comes first, so the replaced block keeps a reference and is
+ * never freed, and both blocks read what was written.
+ */
+static void dd_decide_test_batch_shares_what_it_replaces(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 32);
+	struct dd_test_write *old = dd_test_new_write(test, dc, 1, 8, NULL);
+	struct dd_write_block *blk;
+	struct dd_md_stats st;
+	struct dd_write *w;
+	u8 d[2];
+
+	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, old), DD_STORE);
+	w = kunit_kzalloc(test, sizeof(*w), GFP_KERNEL);
+	blk = kunit_kcalloc(test, 2, sizeof(*blk), GFP_KERNEL);
+	KUNIT_ASSERT_NOT_NULL(test, w);
+	KUNIT_ASSERT_NOT_NULL(test, blk);
+	dd_test_block(w, &blk[0], dc, 0, 8);	/* what lba 1 holds now */
+	dd_test_block(w, &blk[1], dc, 1, 9);	/* lba 1 gets new content */
+	dd_decide_write(dc, blk, 2, d);
+	KUNIT_EXPECT_EQ(test, d[0], DD_DONE);
+	KUNIT_EXPECT_EQ(test, blk[0].error, 0);
+	KUNIT_ASSERT_EQ(test, d[1], DD_STORE);
+	blk[1].run_next = NULL;
+	dd_decide_stored(dc, &blk[1], 0);
+	KUNIT_EXPECT_EQ(test, blk[1].error, 0);
+
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 0), old->b.pba);
+	KUNIT_EXPECT_EQ(test, dd_test_map_of(test, dc, 1), blk[1].pba);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.pending_free, 0);
+	KUNIT_EXPECT_EQ(test, st.data_live, 2);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 1);
+}
+
 /* Many writers at once: run the decision, and again whenever requeued. */
 static void dd_test_decide_work(struct work_struct *w)
 {
@@ -438,6 +475,7 @@ static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_full),
 	KUNIT_CASE(dd_decide_test_batch),
 	KUNIT_CASE(dd_decide_test_batch_of_duplicates),
+	KUNIT_CASE(dd_decide_test_batch_shares_what_it_replaces),
 	KUNIT_CASE(dd_decide_test_concurrent_writers),
 	{}
 };
