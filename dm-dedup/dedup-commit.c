@@ -89,6 +89,20 @@ void dd_check_writeback(struct dedup_c *dc)
 		dd_metadata_error(dc, "background metadata write", r);
 }
 
+/*
+ * Between two steps of one bio that holds the transaction lock shared: a
+ * commit waiting for the lock goes first, rather than waiting for every
+ * step of a 64-block write.
+ */
+void dd_let_commit_in(struct dedup_c *dc)
+{
+	lockdep_assert_held_read(&dc->lock);
+	if (rwsem_is_contended(&dc->lock)) {
+		up_read(&dc->lock);
+		down_read(&dc->lock);
+	}
+}
+
 void dd_low_water_check(struct dedup_c *dc, u64 free)
 {
 	lockdep_assert_held(&dc->lock);

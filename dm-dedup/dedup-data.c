@@ -30,8 +30,6 @@ void dd_data_pool_exit(struct dd_data_pool *pool)
 	if (pool->kept.next)
 		list_for_each_entry_safe(page, tmp, &pool->kept, lru)
 			__free_page(page);
-	INIT_LIST_HEAD(&pool->kept);
-	pool->nr_kept = 0;
 	mempool_exit(&pool->pages);
 }
 

@@ -78,6 +78,20 @@ static void dd_test_block(struct dd_write *w, struct dd_write_block *b,
 	INIT_WORK(&b->work, dd_test_requeued);
 }
 
+/* @nr blocks of one write *@w, for dd_test_block() to fill in. */
+static struct dd_write_block *dd_test_blocks(struct kunit *test,
+					     unsigned int nr,
+					     struct dd_write **w)
+{
+	struct dd_write_block *blk = kunit_kcalloc(test, nr, sizeof(*blk),
+						   GFP_KERNEL);
+
+	*w = kunit_kzalloc(test, sizeof(**w), GFP_KERNEL);
+	KUNIT_ASSERT_NOT_NULL(test, *w);
+	KUNIT_ASSERT_NOT_NULL(test, blk);
+	return blk;
+}
+
 /* A hashed write of content @seed (0: a zero block) to @lba. */
 static struct dd_test_write *dd_test_new_write(struct kunit *test,
 					       struct dedup_c *dc, u64 lba,
@@ -360,10 +374,7 @@ static void dd_decide_test_batch_of_duplicates(struct kunit *test)
 
 	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, a), DD_STORE);
 	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, x), DD_STORE);
-	w = kunit_kzalloc(test, sizeof(*w), GFP_KERNEL);
-	blk = kunit_kcalloc(test, 40, sizeof(*blk), GFP_KERNEL);
-	KUNIT_ASSERT_NOT_NULL(test, w);
-	KUNIT_ASSERT_NOT_NULL(test, blk);
+	blk = dd_test_blocks(test, 40, &w);
 	for (i = 0; i < 40; i++)
 		dd_test_block(w, &blk[i], dc, i, 5);
 	dd_decide_write(dc, blk, 40, d);
@@ -394,10 +405,7 @@ static void dd_decide_test_batch_shares_what_it_replaces(struct kunit *test)
 	u8 d[2];
 
 	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, old), DD_STORE);
-	w = kunit_kzalloc(test, sizeof(*w), GFP_KERNEL);
-	blk = kunit_kcalloc(test, 2, sizeof(*blk), GFP_KERNEL);
-	KUNIT_ASSERT_NOT_NULL(test, w);
-	KUNIT_ASSERT_NOT_NULL(test, blk);
+	blk = dd_test_blocks(test, 2, &w);
 	dd_test_block(w, &blk[0], dc, 0, 8);	/* what lba 1 holds now */
 	dd_test_block(w, &blk[1], dc, 1, 9);	/* lba 1 gets new content */
 	dd_decide_write(dc, blk, 2, d);

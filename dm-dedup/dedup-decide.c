@@ -74,6 +74,17 @@ static void dd_index_forget(struct dedup_c *dc, const struct dd_md_freed *f,
 	spin_unlock(&dc->index_lock);
 }
 
+/*
+ * A failed change may be half done: nothing more may be committed. Once
+ * one failed, the metadata is closed and the rest fail with EROFS, which
+ * the first failure already reported.
+ */
+static void dd_change_failed(struct dedup_c *dc, const char *what, int r)
+{
+	if (r != -EROFS)
+		dd_metadata_error(dc, what, r);
+}
+
 /* A change's result: 1 means it freed a block, which leaves the index. */
 static int dd_changed(struct dedup_c *dc, int r, const struct dd_md_freed *f)
 {
@@ -91,13 +102,13 @@ static bool dd_pba_in(u64 pba, const u64 *set, unsigned int nr)
 }
 
 /*
- * Up to DD_CANDIDATES blocks the index holds for @fp, leaving out the @nr_skip
- * in @skip. The index only narrows the search; the persistent record
+ * Up to @max blocks the index holds for @fp, leaving out the @nr_skip in
+ * @skip. The index only narrows the search; the persistent record
  * decides, read after the lock is dropped.
  */
 static unsigned int dd_index_candidates(struct dedup_c *dc, const u8 *fp,
 					const u64 *skip, unsigned int nr_skip,
-					u64 *out)
+					u64 *out, unsigned int max)
 {
 	struct dd_index_iter it;
 	unsigned int nr = 0;
@@ -105,7 +116,7 @@ static unsigned int dd_index_candidates(struct dedup_c *dc, const u8 *fp,
 
 	lockdep_assert_held(&dc->index_lock);
 	dd_index_iter_init(&dc->index, fp, &it);
-	while (nr < DD_CANDIDATES && dd_index_iter_next(&dc->index, &it, &pba))
+	while (nr < max && dd_index_iter_next(&dc->index, &it, &pba))
 		if (!dd_pba_in(pba, skip, nr_skip))
 			out[nr++] = pba;
 	return nr;
@@ -254,7 +265,7 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 	for (;;) {
 		spin_lock(&dc->index_lock);
 		nr = copy ? 0 : dd_index_candidates(dc, b->fp, out, nr_out,
-						    cand);
+						    cand, DD_CANDIDATES);
 		if (!nr) {
 			/* Never share a block before its data is written. */
 			leader = dd_inflight_find(dc, b->fp);
@@ -312,10 +323,9 @@ static enum dd_decision dd_decide_block(struct dedup_c *dc, struct dd_write_bloc
 			return DD_STORE;
 		r = min(r, 0);
 	}
-	/* A failed change may be half done: nothing more may be committed. */
-	if (r && r != -EROFS)
-		dd_metadata_error(dc, "write", r);
-	else if (!r)
+	if (r)
+		dd_change_failed(dc, "write", r);
+	else
 		dd_check_writeback(dc);
 	b->error = r;
 	return DD_DONE;
@@ -386,8 +396,8 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
 			continue;	/* the block's own steps look further */
 		/* Only the last can have freed a block. */
 		r = dd_changed(dc, r, freed);
-		if (r && r != -EROFS)
-			dd_metadata_error(dc, "write", r);
+		if (r)
+			dd_change_failed(dc, "write", r);
 		changed |= !r;
 		blk[which[j]].error = r;
 		decision[which[j]] = DD_DONE;
@@ -410,28 +420,25 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 {
 	struct dd_md_dup d[DD_MAP_BATCH];
 	u8 which[DD_MAP_BATCH];
-	u64 cand[DD_CANDIDATES];
 	struct dd_md_freed freed;
 	unsigned int i = 0, n, k, done;
+	u64 cand;
 
 	lockdep_assert_held_read(&dc->lock);
 	memset(decision, DD_UNDECIDED, nr);
 	if (dc->verify)
 		return;
 	while (i < nr) {
-		/* As between the blocks in dd_decide_write. */
-		if (i && rwsem_is_contended(&dc->lock)) {
-			up_read(&dc->lock);
-			down_read(&dc->lock);
-		}
+		if (i)
+			dd_let_commit_in(dc);
 		n = 0;
 		spin_lock(&dc->index_lock);
 		for (; i < nr && n < DD_MAP_BATCH; i++) {
 			if (blk[i].flags & DD_BLOCK_ZERO ||
-			    !dd_index_candidates(dc, blk[i].fp, NULL, 0, cand))
+			    !dd_index_candidates(dc, blk[i].fp, NULL, 0, &cand, 1))
 				continue;
 			d[n].lba = blk[i].lba;
-			d[n].pba = cand[0];
+			d[n].pba = cand;
 			d[n].fp = blk[i].fp;
 			which[n++] = i;
 		}
@@ -463,15 +470,12 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		if (decision[i] != DD_UNDECIDED)
 			continue;
 		/*
-		 * Each block's decision stands on its own: a commit waiting
-		 * for the lock may come between two blocks. Blocks waiting
-		 * for their data's place stay in the in-flight table across
-		 * it, unmapped.
+		 * Each block's decision stands on its own: a commit may come
+		 * between two blocks. Blocks waiting for their data's place
+		 * stay in the in-flight table across it, unmapped.
 		 */
-		if (i && rwsem_is_contended(&dc->lock)) {
-			up_read(&dc->lock);
-			down_read(&dc->lock);
-		}
+		if (i)
+			dd_let_commit_in(dc);
 		decision[i] = dd_decide_block(dc, &blk[i]);
 		nr_store += decision[i] == DD_STORE;
 	}
@@ -503,9 +507,7 @@ dd_mapped(struct dedup_c *dc, struct dd_write_block *b, struct dd_md_new *nb,
 	for (i = 0; i < done; i++, b = b->run_next) {
 		rb = dd_changed(dc, i + 1 < done ? 0 : r, freed);
 		if (rb) {
-			/* After one failure the rest find the metadata closed. */
-			if (rb != -EROFS)
-				dd_metadata_error(dc, "mapping a new block", rb);
+			dd_change_failed(dc, "mapping a new block", rb);
 			spin_lock(&dc->index_lock);
 			dd_index_remove(&dc->index, b->fp, b->pba);
 			spin_unlock(&dc->index_lock);

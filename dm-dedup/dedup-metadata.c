@@ -529,6 +529,7 @@ int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 {
 	int r;
 
+	/* Set by an abort under md->lock: a block handed out late is freed. */
 	if (READ_ONCE(md->read_only))
 		return -EROFS;
 	mutex_lock(&md->data_lock);

@@ -217,6 +217,7 @@ void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r);
 void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r);
 void dd_check_writeback(struct dedup_c *dc);
+void dd_let_commit_in(struct dedup_c *dc);
 void dd_low_water_check(struct dedup_c *dc, u64 free);
 void dd_read_track(struct dedup_c *dc, struct dd_io *io);
 void dd_read_untrack(struct dedup_c *dc, struct dd_io *io);

@@ -296,8 +296,13 @@ def fio(dev, **opts):
     args = ["fio", "--name=bench", "--filename=" + dev, "--direct=1",
             "--ioengine=libaio", "--output-format=json", "--group_reporting"]
     args += ["--%s=%s" % (k, v) for k, v in opts.items()]
-    p = sh(args, timeout=1800)
-    job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
+    return fio_result(sh(args, timeout=1800).stdout)
+
+
+def fio_result(out):
+    """The figures of fio's JSON output, for the side (read or write) that
+    did the I/O."""
+    job = json.loads(out[out.index("{"):])["jobs"][0]
     side = "write" if job["write"]["io_bytes"] > job["read"]["io_bytes"] else "read"
     j = job[side]
     lat = j.get("clat_ns", {}).get("percentile", {})
@@ -455,10 +460,8 @@ def timed_discard_with_reader(dev, offset, length):
     finally:
         reader.send_signal(signal.SIGINT)
         out, _ = reader.communicate(timeout=120)
-    job = json.loads(out[out.index("{"):])["jobs"][0]["read"]
-    lat = job.get("clat_ns", {}).get("percentile", {})
-    return {"secs": secs, "read_iops": job["iops"],
-            "read_p99_us": lat.get("99.000000", 0) / 1000}
+    r = fio_result(out)
+    return {"secs": secs, "read_iops": r["iops"], "read_p99_us": r["clat_p99_us"]}
 
 
 def w_discard(stacks, data, meta):
