@@ -27,9 +27,15 @@ static blk_status_t dd_errno_to_status(int r)
 	}
 }
 
-/* A write, discard or write zeroes is done with @r. */
-static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r)
+/*
+ * A write, discard or write zeroes is done with @r: the next change to
+ * its blocks may go ahead.
+ */
+static void dd_complete_change(struct dedup_c *dc, struct dd_io *io, int r)
 {
+	struct bio *bio = dd_bio(io);
+
+	dd_cell_leave(&dc->cells, &io->cell);
 	if (r == -EROFS)
 		r = -EIO;
 	if (!r && (bio->bi_opf & REQ_FUA)) {
@@ -141,7 +147,6 @@ static struct dd_io *dd_write_io(struct dd_write *w)
 static void dd_write_done(struct dd_write *w)
 {
 	struct dd_io *io = dd_write_io(w);
-	struct bio *bio = dd_bio(io);
 	struct dedup_c *dc = w->dc;
 	int r = READ_ONCE(w->error);
 
@@ -149,7 +154,7 @@ static void dd_write_done(struct dd_write *w)
 		mempool_free(w->blk, &dc->batch_pool);
 	else if (w->blk != &io->one)
 		kfree(w->blk);
-	dd_complete_change(dc, bio, r);
+	dd_complete_change(dc, io, r);
 }
 
 /* A reference on the write's blocks: they stay until the last is put. */
@@ -300,9 +305,38 @@ static int dd_hash_block(struct dedup_c *dc, struct dd_write_block *b)
 	return r;
 }
 
+/* The write is hashed and its turn has come: decide it, or fail it. */
+static void dd_write_decide(struct dd_write *w)
+{
+	struct dedup_c *dc = w->dc;
+	unsigned int i;
+
+	if (!READ_ONCE(w->error)) {
+		dd_decide_and_act(dc, w->blk, w->nr);
+		return;
+	}
+	for (i = 0; i < w->nr; i++)
+		dd_block_done(dc, &w->blk[i], 0);
+	dd_write_put(w);
+}
+
+static void dd_write_turn_work(struct work_struct *work)
+{
+	dd_write_decide(&container_of(work, struct dd_io, work)->write);
+}
+
+/* An earlier change to the same blocks left: see dedup-cell.h. */
+static void dd_turn_ready(struct dd_cell *cell)
+{
+	struct dd_io *io = container_of(cell, struct dd_io, cell);
+
+	queue_work(io->dc->wq, &io->work);
+}
+
 /*
  * A chunk of the write's blocks is hashed without any lock; the last chunk
- * to finish decides the whole write.
+ * to finish decides the whole write, if no earlier write or discard to
+ * the same blocks is still in flight.
  */
 static void dd_hash_work(struct work_struct *work)
 {
@@ -320,15 +354,9 @@ static void dd_hash_work(struct work_struct *work)
 			cmpxchg(&w->error, 0, r);
 		}
 	}
-	if (!atomic_dec_and_test(&w->hashing))
-		return;
-	if (!READ_ONCE(w->error)) {
-		dd_decide_and_act(dc, w->blk, w->nr);
-		return;
-	}
-	for (i = 0; i < w->nr; i++)
-		dd_block_done(dc, &w->blk[i], 0);
-	dd_write_put(w);
+	if (atomic_dec_and_test(&w->hashing) &&
+	    dd_cell_arm(&dc->cells, &dd_write_io(w)->cell))
+		dd_write_decide(w);
 }
 
 /*
@@ -363,6 +391,9 @@ static void dd_write_start(struct dedup_c *dc, struct dd_io *io)
 		pages = (struct page **)(w->blk + nr);
 	}
 	dd_data_copy(&dc->data_pool, bio, pages, nr);
+	INIT_WORK(&io->work, dd_write_turn_work);
+	dd_cell_enter(&dc->cells, &io->cell, io->lba, io->lba + nr,
+		      dd_turn_ready);
 	/* One more than the blocks: the decision's, see dd_decide_and_act. */
 	atomic_set(&w->pending, nr + 1);
 	atomic_set(&w->hashing, DIV_ROUND_UP(nr, DD_HASH_CHUNK));
@@ -391,7 +422,7 @@ static void dd_discard_work(struct work_struct *w)
 	struct bio *bio = dd_bio(io);
 	u64 n = bio_sectors(bio) / DD_SECTORS_PER_BLOCK;
 
-	dd_complete_change(dc, bio, dd_decide_unmap(dc, io->lba, io->lba + n));
+	dd_complete_change(dc, io, dd_decide_unmap(dc, io->lba, io->lba + n));
 }
 
 /* ------------------------------------------------------------------ */
@@ -447,7 +478,11 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 	case REQ_OP_DISCARD:
 	case REQ_OP_WRITE_ZEROES:
 		INIT_WORK(&io->work, dd_discard_work);
-		queue_work(dc->wq, &io->work);
+		dd_cell_enter(&dc->cells, &io->cell, io->lba,
+			      io->lba + bio_sectors(bio) / DD_SECTORS_PER_BLOCK,
+			      dd_turn_ready);
+		if (dd_cell_arm(&dc->cells, &io->cell))
+			queue_work(dc->wq, &io->work);
 		return DM_MAPIO_SUBMITTED;
 	default:
 		return DM_MAPIO_KILL;

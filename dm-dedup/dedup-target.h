@@ -13,6 +13,7 @@
  *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
  *                                                   table
  *   dc->commit_lock    spinlock dedup-commit.c      flush and no-space waiters
+ *   dc->cells.lock     spinlock dedup-cell.c        logical block cells
  *
  * dc->lock is the transaction lock: every bio step that reads or changes
  * the metadata holds it shared, and a commit holds it exclusive, so the
@@ -20,7 +21,8 @@
  * md->data_lock are taken inside each metadata verb and never held across
  * verbs; dm-bufio's client lock nests inside md->lock. dc->index_lock
  * is held for index and in-flight table operations only, never across
- * I/O or a metadata verb. Each function that relies on a lock asserts how
+ * I/O or a metadata verb. dc->cells.lock is taken with none of the others
+ * held, and only queues work under it. Each function that relies on a lock asserts how
  * it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
@@ -48,6 +50,7 @@
 #include <linux/spinlock.h>
 #include <linux/workqueue.h>
 
+#include "dedup-cell.h"
 #include "dedup-data.h"
 #include "dedup-fingerprint.h"
 #include "dedup-index.h"
@@ -109,6 +112,7 @@ struct dedup_c {
 	atomic64_t nospc_errors;
 
 	/* dedup-io.c */
+	struct dd_cells cells;		/* writes and discards in flight */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
@@ -170,9 +174,11 @@ enum dd_io_flags {
 /* Per-bio state, in the space dm reserves for the target. */
 struct dd_io {
 	struct dedup_c *dc;
-	struct work_struct work;	/* a read or a discard */
+	/* a read, a discard, or a write's decision after waiting its turn */
+	struct work_struct work;
 	u64 lba;
 	unsigned int flags;
+	struct dd_cell cell;		/* a write's or a discard's turn */
 	struct dd_write write;
 	struct dd_write_block one;		/* a one-block write needs no batch */
 	struct page *one_page;

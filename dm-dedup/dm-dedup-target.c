@@ -148,6 +148,7 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("data_write_errors %lld\n",
 	       atomic64_read(&dc->data_write_errors));
 	DMEMIT("deferred_reads %lld\n", atomic64_read(&dc->deferred_reads));
+	DMEMIT("ordered_waits %llu\n", READ_ONCE(dc->cells.waits));
 	DMEMIT("discard_passdown_blocks %lld\n",
 	       atomic64_read(&dc->discard_passdown_blocks));
 	DMEMIT("hash %s\n", dd_hasher_name(&dc->hasher));
@@ -436,6 +437,7 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	dc->logical_blocks = ti->len / DD_SECTORS_PER_BLOCK;
 	dd_commit_init(dc);
 	dd_decide_init(dc);
+	dd_cells_init(&dc->cells);
 
 	r = dd_parse_options(dc, &as, &hash, &ti->error);
 	if (r)
@@ -510,6 +512,8 @@ static void dedup_dtr(struct dm_target *ti)
 	struct dedup_c *dc = ti->private;
 
 	dd_commit_stop(dc);
+	/* dm core destroys a target only when no bio of it is in flight. */
+	WARN_ON_ONCE(!dd_cells_empty(&dc->cells));
 	if (dc->md && dd_commit(dc))
 		DMERR("%s: final commit failed; the device reopens at its last commit",
 		      dd_name(dc));

@@ -41,6 +41,16 @@ def report(line):
 # --------------------------------------------------------------------------
 # processes
 # --------------------------------------------------------------------------
+def build_helper(name):
+    """Compile tests/guest/helpers/NAME.c with gcc into the tmpfs; return
+    the binary's path."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers",
+                       name + ".c")
+    out = os.path.join(TMPFS, name)
+    run(["gcc", "-O2", "-Wall", "-Werror", "-pthread", "-o", out, src])
+    return out
+
+
 class CmdError(AssertionError):
     pass
 
@@ -331,6 +341,11 @@ class DedupDev:
         p = run(["dmsetup", "message", self.name, "0"] + [str(a) for a in args],
                 check=check)
         return p if not check else p.stdout
+
+    def stats(self):
+        """The `stats` message as a dict of strings."""
+        return dict(l.split(None, 1) for l in self.message("stats").splitlines()
+                    if l.strip())
 
     def commit(self):
         self.message("commit")

@@ -23,10 +23,6 @@ from ddlib import (ZERO, BlockDev, DedupDev, block_data, dm_linear,
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 
 
-def stats_of(dd):
-    return dict(l.split(None, 1) for l in dd.message("stats").splitlines() if l.strip())
-
-
 def contents(seed, ids):
     return [block_data(seed, i) for i in ids]
 
@@ -135,7 +131,7 @@ def test_large_reads_follow_runs(make_dedup, seed):
     dm_swap_table(dd.name, dd.table_line())
     # (udev's probe after the resume may already have warmed part of it)
     verify_blocks(dd.path, exp, nblocks=300)
-    assert int(stats_of(dd)["deferred_reads"]) > 0, \
+    assert int(dd.stats()["deferred_reads"]) > 0, \
         "no read after the reload went through the worker"
 
 
@@ -158,7 +154,7 @@ def test_data_write_error_fails_the_write_only(backing, seed):
         assert e.value.errno == errno.EIO
         dm_swap_table("ddtbdata", "0 %d linear %s 0" % (sectors, data_raw))
         assert dd.status()["mode"] == "rw"
-        assert int(stats_of(dd)["data_write_errors"]) > 0
+        assert int(dd.stats()["data_write_errors"]) > 0
         got = bd.read_range(0, 128)
         for lba in range(128):
             old = first[lba] if lba < 64 else ZERO

@@ -21,8 +21,6 @@ import pytest
 import ddlib
 from ddlib import run
 
-HELPER_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                          "helpers", "racewrite.c")
 DIRECT_ROUNDS = 1500
 MMAP_PAGES = 512
 MMAP_SECONDS = 20
@@ -30,9 +28,7 @@ MMAP_SECONDS = 20
 
 @pytest.fixture(scope="module")
 def racewrite():
-    out = os.path.join(ddlib.TMPFS, "racewrite")
-    run(["gcc", "-O2", "-Wall", "-Werror", "-pthread", "-o", out, HELPER_SRC])
-    return out
+    return ddlib.build_helper("racewrite")
 
 
 def test_odirect_buffer_changed_during_write(make_dedup, racewrite, seed):

@@ -48,7 +48,7 @@ def test_index_ram_per_data_block(backing, record_property):
     assert index / blocks <= 12.0
     assert total / blocks <= 12.0
     # the target's own figure agrees with the kernel's accounting
-    stats = dict(l.split(None, 1) for l in dd.message("stats").splitlines() if l.strip())
+    stats = dd.stats()
     # vmalloc rounds an area up to whole pages (and may align it further)
     assert int(stats["index_bytes"]) <= index <= int(stats["index_bytes"]) * 1.01
     dd.remove()

@@ -35,34 +35,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BLK 4096
+#include "helpers.h"
+
 #define NPAT 16
-
-static void die(const char *what)
-{
-	perror(what);
-	exit(2);
-}
-
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	return x ^ (x >> 33);
-}
-
-static void fill(unsigned char *p, uint64_t seed, uint64_t id)
-{
-	uint64_t s = mix(seed * 1000003 + id + 1);
-	int i;
-
-	for (i = 0; i < BLK; i += 8) {
-		s = mix(s + i);
-		memcpy(p + i, &s, 8);
-	}
-}
 
 static void *aligned_block(size_t n)
 {
