@@ -4,6 +4,14 @@
  * for it (flushes, FUA writes, writes waiting for freed blocks), and what
  * happens when metadata I/O fails. Creates dc->lock; dedup-target.h has
  * its rules.
+ *
+ * A commit holds dc->lock exclusive only to write the metadata. The data
+ * the new state points at must be stable first, but the data device is
+ * flushed before the lock is taken, while writers go on: a run of new
+ * data whose write completed after that flush began is not mapped until
+ * the commit is done (dd_data_covered), so everything the commit writes
+ * points at data the flush covered. Blocks the commit frees are discarded
+ * (discard_passdown) after the lock is let go, and only then reused.
  */
 #define DM_MSG_PREFIX "dedup"
 
@@ -169,52 +177,133 @@ static void dd_discard_passdown(struct dedup_c *dc, u64 begin, u64 end)
 		atomic64_add(end - begin, &dc->discard_passdown_blocks);
 }
 
-/* Called by dd_md_commit() for each run of blocks the commit freed. */
+/* Called by dd_md_release_held() for each run of blocks a commit freed. */
 static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
 {
-	struct dedup_c *dc = ctx;
+	dd_discard_passdown(ctx, begin, end);
+}
 
-	if (dc->discard_passdown)
-		dd_discard_passdown(dc, begin, end);
+/*
+ * When a run of new data finished its write (called at its completion):
+ * a commit whose data flush began after this saw the write complete.
+ * The barrier pairs with the one in dd_commit_flush_data().
+ */
+u64 dd_flush_ticket(struct dedup_c *dc)
+{
+	/* The write's completion is seen before the count is read. */
+	smp_mb();
+	return READ_ONCE(dc->flush_seq);
+}
+
+/*
+ * May @run, whose data was written, be mapped in the running transaction?
+ * Not while a commit is on its way whose data flush may have begun before
+ * the run's write completed: that commit would point at data its flush
+ * may not cover. The run then waits for that commit, which queues its
+ * work again; a commit is never long.
+ */
+bool dd_data_covered(struct dedup_c *dc, struct dd_write_block *run)
+{
+	lockdep_assert_held_read(&dc->lock);
+	/* committed_seq changes under the lock held exclusive. */
+	if (run->flush_ticket <= dc->committed_seq)
+		return true;
+	spin_lock_irq(&dc->commit_lock);
+	list_add_tail(&run->wait_entry, &dc->flush_waiters);
+	spin_unlock_irq(&dc->commit_lock);
+	return false;
+}
+
+/* Is there anything to commit? -EIO: nothing may be committed. */
+static int dd_commit_needed(struct dedup_c *dc, bool *dirty)
+{
+	int r = 0;
+
+	*dirty = false;
+	if (dc->read_only || !dc->md)
+		return 0;	/* nothing was ever changed */
+	down_read(&dc->lock);
+	if (READ_ONCE(dc->mode) != DD_MODE_RW)
+		r = -EIO;
+	else
+		*dirty = dd_md_dirty(dc->md);
+	up_read(&dc->lock);
+	return r;
+}
+
+/*
+ * What the new state points at must be stable before the state: flush
+ * the data device, with no lock that writers need. Runs whose write
+ * completes from here on wait for this commit (dd_data_covered).
+ */
+static int dd_commit_flush_data(struct dedup_c *dc)
+{
+	lockdep_assert_held(&dc->commit_mutex);
+	WRITE_ONCE(dc->flush_seq, dc->flush_seq + 1);
+	/* Counted before the flush is issued: see dd_flush_ticket(). */
+	smp_mb();
+	return blkdev_issue_flush(dc->data_dev->bdev);
+}
+
+/* The metadata part, under the transaction lock held exclusive. */
+static int dd_commit_metadata(struct dedup_c *dc, int flush_error)
+{
+	int r;
+
+	lockdep_assert_held_write(&dc->lock);
+	if (flush_error) {
+		/* The new state may point at data that is not stable. */
+		dd_metadata_error(dc, "flushing the data device", flush_error);
+		return flush_error;
+	}
+	if (READ_ONCE(dc->mode) != DD_MODE_RW)
+		return -EIO;
+	/*
+	 * Blocks freed in this transaction become reusable at the commit; a
+	 * read that looked one up before it was freed must not see new
+	 * content. New lookups are excluded by the lock.
+	 */
+	if (dd_md_pending_data_frees(dc->md))
+		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
+	r = dd_md_commit(dc->md, NULL, NULL);
+	if (r)
+		dd_metadata_error(dc, "metadata commit", r);
+	return r;
 }
 
 int dd_commit(struct dedup_c *dc)
 {
-	int r = 0;
+	struct dd_write_block *run, *tmp;
+	LIST_HEAD(covered);
+	bool dirty;
+	int r;
 
+	mutex_lock(&dc->commit_mutex);
+	r = dd_commit_needed(dc, &dirty);
+	if (r || !dirty)
+		goto out;
+	r = dd_commit_flush_data(dc);
 	down_write(&dc->lock);
-	if (dc->read_only || !dc->md)
-		goto out;	/* nothing was ever changed */
-	if (READ_ONCE(dc->mode) != DD_MODE_RW) {
-		r = -EIO;
-		goto out;
+	r = dd_commit_metadata(dc, r);
+	/* Failed or not, the runs that waited may go on: see dd_data_covered. */
+	dc->committed_seq = dc->flush_seq;
+	up_write(&dc->lock);
+
+	spin_lock_irq(&dc->commit_lock);
+	list_splice_init(&dc->flush_waiters, &covered);
+	spin_unlock_irq(&dc->commit_lock);
+	/* Their work is the run's data completion (dedup-io.c): it maps them. */
+	list_for_each_entry_safe(run, tmp, &covered, wait_entry) {
+		list_del_init(&run->wait_entry);
+		queue_work(dc->wq, &run->work);
 	}
-	if (!dd_md_dirty(dc->md))
-		goto out;
-	/* What the new state points at must be stable before the state. */
-	r = blkdev_issue_flush(dc->data_dev->bdev);
-	if (r) {
-		/* The new state may point at data that is not stable. */
-		dd_metadata_error(dc, "flushing the data device", r);
-		goto out;
-	}
-	/*
-	 * Blocks freed in this transaction become reusable below; a read
-	 * that looked one up before it was freed must not see new content.
-	 * New lookups are excluded by the lock.
-	 */
-	if (dd_md_pending_data_frees(dc->md))
-		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
-	r = dd_md_commit(dc->md, dd_blocks_reusable, dc);
-	if (r) {
-		dd_metadata_error(dc, "metadata commit", r);
-		goto out;
-	}
-	if (atomic_read(&dc->low_water_raised) &&
+	if (dc->discard_passdown)
+		dd_md_release_held(dc->md, dd_blocks_reusable, dc);
+	if (!r && atomic_read(&dc->low_water_raised) &&
 	    dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
 		atomic_set(&dc->low_water_raised, 0);
 out:
-	up_write(&dc->lock);
+	mutex_unlock(&dc->commit_mutex);
 	return r;
 }
 
@@ -256,6 +345,10 @@ static void dd_periodic_commit(struct work_struct *w)
 
 void dd_commit_init(struct dedup_c *dc)
 {
+	mutex_init(&dc->commit_mutex);
+	dc->flush_seq = 0;
+	dc->committed_seq = 0;
+	INIT_LIST_HEAD(&dc->flush_waiters);
 	init_rwsem(&dc->lock);
 	spin_lock_init(&dc->commit_lock);
 	bio_list_init(&dc->commit_waiters);

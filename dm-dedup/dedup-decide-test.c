@@ -475,6 +475,42 @@ static void dd_decide_test_concurrent_writers(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, st.mapped, ARRAY_SIZE(w));
 }
 
+/*
+ * New data whose write completed after a commit began flushing the data
+ * device is not mapped until that commit is done: the commit would point
+ * at data its flush may not cover.
+ */
+static void dd_decide_test_stored_waits_for_flushing_commit(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 64);
+	atomic_t done = ATOMIC_INIT(0);
+	struct dd_test_write *tw = dd_test_new_write(test, dc, 3, 7, &done);
+	u64 pba;
+
+	KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, tw), DD_STORE);
+	tw->b.run_next = NULL;
+	dc->flush_seq = 1;		/* a commit's data flush began */
+	tw->b.flush_ticket = dd_flush_ticket(dc);
+	KUNIT_EXPECT_FALSE(test, dd_decide_stored(dc, &tw->b, 0));
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 3, &pba, false), -ENODATA);
+	KUNIT_EXPECT_PTR_EQ(test, dc->flush_waiters.next, &tw->b.wait_entry);
+
+	dc->committed_seq = 1;		/* it is done and queues the run */
+	list_del_init(&tw->b.wait_entry);
+	KUNIT_EXPECT_TRUE(test, dd_decide_stored(dc, &tw->b, 0));
+	KUNIT_EXPECT_EQ(test, tw->b.error, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 3, &pba, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, tw->b.pba);
+
+	/* Completed before the next flush began: mapped at once. */
+	tw = dd_test_new_write(test, dc, 4, 8, &done);
+	KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, tw), DD_STORE);
+	tw->b.run_next = NULL;
+	tw->b.flush_ticket = dd_flush_ticket(dc);
+	KUNIT_EXPECT_TRUE(test, dd_decide_stored(dc, &tw->b, 0));
+	KUNIT_EXPECT_TRUE(test, list_empty(&dc->flush_waiters));
+}
+
 static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_store_then_share),
 	KUNIT_CASE(dd_decide_test_follower),
@@ -485,6 +521,7 @@ static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_batch_of_duplicates),
 	KUNIT_CASE(dd_decide_test_batch_shares_what_it_replaces),
 	KUNIT_CASE(dd_decide_test_concurrent_writers),
+	KUNIT_CASE(dd_decide_test_stored_waits_for_flushing_commit),
 	{}
 };
 

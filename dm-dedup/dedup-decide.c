@@ -522,7 +522,8 @@ dd_mapped(struct dedup_c *dc, struct dd_write_block *b, struct dd_md_new *nb,
 /*
  * The data of a run of DD_STORE blocks (chained by run_next) was written,
  * or failed with @error: map each block, and only now let others share
- * it. b->error says what became of each.
+ * it. b->error says what became of each. False: the run waits for the
+ * commit under way, which runs its work again (dd_data_covered).
  *
  * A block enters the index before it is mapped, while it still leads its
  * content in the in-flight table: whoever finds it in that window finds
@@ -530,7 +531,7 @@ dd_mapped(struct dedup_c *dc, struct dd_write_block *b, struct dd_md_new *nb,
  * mapping instead, a write that freed the block in between would find
  * nothing to forget, and the entry would outlive the block.
  */
-void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
+bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
 {
 	struct dd_md_new nb[DD_MAP_BATCH];
 	struct dd_md_freed freed;
@@ -539,6 +540,10 @@ void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
 	down_read(&dc->lock);
 	if (!error && READ_ONCE(dc->mode) != DD_MODE_RW)
 		error = -EIO;
+	if (!error && !dd_data_covered(dc, run)) {
+		up_read(&dc->lock);
+		return false;
+	}
 	if (error) {
 		for (b = run; b; b = b->run_next) {
 			dd_md_free_data_now(dc->md, b->pba);
@@ -558,6 +563,7 @@ out:
 		dd_inflight_del(dc, b);
 	spin_unlock(&dc->index_lock);
 	up_read(&dc->lock);
+	return true;
 }
 
 /*

@@ -182,7 +182,8 @@ static void dd_run_done_work(struct work_struct *work)
 	struct dd_write_block *b = container_of(work, struct dd_write_block, work), *next;
 	struct dedup_c *dc = b->w->dc;
 
-	dd_decide_stored(dc, b, b->error);
+	if (!dd_decide_stored(dc, b, b->error))
+		return;
 	for (; b; b = next) {
 		next = b->run_next;
 		dd_block_done(dc, b, b->error);
@@ -197,6 +198,7 @@ static void dd_run_endio(struct bio *clone)
 	run->error = blk_status_to_errno(clone->bi_status);
 	if (run->error)
 		atomic64_inc(&dc->data_write_errors);
+	run->flush_ticket = dd_flush_ticket(dc);
 	bio_put(clone);
 	queue_work(dc->wq, &run->work);
 }
@@ -477,6 +479,11 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 		return DM_MAPIO_SUBMITTED;
 	case REQ_OP_DISCARD:
 	case REQ_OP_WRITE_ZEROES:
+		/* Whole blocks by the queue limits; less would be nothing. */
+		if (bio_sectors(bio) < DD_SECTORS_PER_BLOCK) {
+			bio_endio(bio);
+			return DM_MAPIO_SUBMITTED;
+		}
 		INIT_WORK(&io->work, dd_discard_work);
 		dd_cell_enter(&dc->cells, &io->cell, io->lba,
 			      io->lba + bio_sectors(bio) / DD_SECTORS_PER_BLOCK,

@@ -22,8 +22,9 @@
  * md->data_lock guards md->data alone, so that handing out a block for new
  * data needs no trip through md->lock; it nests inside md->lock. The only
  * call out under these locks is a commit's dd_reusable_fn, which must not
- * call back into this unit. bm stays first: tools/kernel-compat's crash
- * reaches the dm-bufio client through it.
+ * call back into this unit; dd_md_release_held calls it under neither.
+ * bm stays first: tools/kernel-compat's crash reaches the dm-bufio client
+ * through it.
  */
 struct dd_metadata {
 	struct dd_bm *bm;
@@ -307,6 +308,8 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	r = md->leaf_buf ? 0 : -ENOMEM;
 	if (!r)
 		r = dd_space_init(&md->data, cfg->data_blocks, 0);
+	if (!r && cfg->hold_frees)
+		r = dd_space_hold_frees(&md->data);
 	if (!r)
 		r = dd_bm_create(bdev, nr_blocks, &md->bm);
 	if (r) {
@@ -534,7 +537,7 @@ int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 		return -EROFS;
 	mutex_lock(&md->data_lock);
 	r = dd_space_alloc_run(&md->data, want, first, len);
-	if (r == -ENOSPC && md->data.nr_pending)
+	if (r == -ENOSPC && (md->data.nr_pending || md->data.nr_held))
 		r = -EAGAIN;
 	else if (!r)
 		*free_left = dd_space_free_blocks(&md->data);
@@ -901,6 +904,33 @@ out:
 }
 
 /*
+ * Frees a commit held (cfg->hold_frees) become free, each run after
+ * @reusable has seen it with no lock held: it may discard the run and
+ * wait for that. Called by one thread at a time, after the commit.
+ */
+void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
+			void *ctx)
+{
+	u64 begin = 0, end;
+	bool found;
+
+	for (;;) {
+		mutex_lock(&md->data_lock);
+		found = dd_space_held_run(&md->data, begin, &begin, &end);
+		mutex_unlock(&md->data_lock);
+		if (!found)
+			return;
+		if (reusable)
+			reusable(ctx, begin, end);
+		mutex_lock(&md->data_lock);
+		dd_space_release_held(&md->data, begin, end);
+		mutex_unlock(&md->data_lock);
+		begin = end;
+		cond_resched();
+	}
+}
+
+/*
  * A change or a commit failed: from now on lookups see the last committed
  * state, exactly what a crash would leave, and nothing changes any more.
  * Its blocks are intact on disk; the running transaction's are not, and
@@ -943,7 +973,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	mutex_lock(&md->data_lock);
 	st->data_used = md->data.nr_used;
 	st->data_total = md->data.nr_blocks;
-	st->pending_free = md->data.nr_pending;
+	st->pending_free = md->data.nr_pending + md->data.nr_held;
 	mutex_unlock(&md->data_lock);
 	st->data_live = md->live;
 	st->mapped = md->mapped;

@@ -31,6 +31,11 @@ struct dd_md_config {
 	const char *hash_name;
 	u32 fp_size;
 	bool read_only;
+	/*
+	 * A commit holds the data blocks it frees until dd_md_release_held,
+	 * so that they can be discarded on the device outside every lock.
+	 */
+	bool hold_frees;
 	bool identity_only;	/* check the table against it, then stop */
 	dd_fp_visit_fn visit;
 	void *ctx;		/* for visit */
@@ -172,8 +177,10 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 		      struct dd_md_freed *freed, unsigned int max_freed,
 		      unsigned int *nr_freed, u64 *next, u64 *unmapped);
 
-/* @reusable may be NULL. */
+/* @reusable may be NULL; it is not called for held frees. */
 int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx);
+void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
+			void *ctx);
 void dd_md_abort(struct dd_metadata *md);
 bool dd_md_dirty(struct dd_metadata *md);
 int dd_md_writeback_error(struct dd_metadata *md);

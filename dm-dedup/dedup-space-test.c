@@ -308,6 +308,47 @@ static void dd_space_test_large(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_space_free_blocks(s), 0);
 }
 
+/*
+ * An allocator that holds frees keeps a committed free allocated until it
+ * is released, run by run: a discard in flight never meets new data.
+ */
+static void dd_space_test_hold_frees(struct kunit *test)
+{
+	struct dd_space *s = dd_test_space(test, 8, 0);
+	struct dd_test_runs runs = {};
+	u64 b, e, i;
+
+	KUNIT_ASSERT_EQ(test, dd_space_hold_frees(s), 0);
+	for (i = 0; i < 8; i++)
+		dd_test_alloc(test, s);
+	dd_space_release(s, 2);
+	dd_space_release(s, 3);
+	dd_space_release(s, 6);
+	dd_space_commit(s, dd_test_record, &runs);
+	KUNIT_EXPECT_EQ(test, runs.n, 0U);	/* nothing free yet */
+	KUNIT_EXPECT_EQ(test, s->nr_held, 3ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_free_blocks(s), 0ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_alloc(s, &b), -ENOSPC);
+
+	/* Freed in the next transaction while the first is held. */
+	dd_space_release(s, 7);
+	KUNIT_ASSERT_TRUE(test, dd_space_held_run(s, 0, &b, &e));
+	KUNIT_EXPECT_EQ(test, b, 2ULL);
+	KUNIT_EXPECT_EQ(test, e, 4ULL);
+	dd_space_release_held(s, b, e);
+	KUNIT_EXPECT_EQ(test, dd_space_free_blocks(s), 2ULL);
+	KUNIT_ASSERT_TRUE(test, dd_space_held_run(s, e, &b, &e));
+	KUNIT_EXPECT_EQ(test, b, 6ULL);
+	KUNIT_EXPECT_EQ(test, e, 7ULL);
+	dd_space_release_held(s, b, e);
+	KUNIT_EXPECT_FALSE(test, dd_space_held_run(s, 0, &b, &e));
+	KUNIT_EXPECT_EQ(test, s->nr_held, 0ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_free_blocks(s), 3ULL);
+	KUNIT_EXPECT_TRUE(test, dd_space_is_used(s, 7));	/* still pending */
+	dd_space_commit(s, NULL, NULL);
+	KUNIT_EXPECT_EQ(test, s->nr_held, 1ULL);
+}
+
 static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_init_bounds),
 	KUNIT_CASE(dd_space_test_alloc_in_order),
@@ -319,6 +360,7 @@ static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_first_honoured),
 	KUNIT_CASE(dd_space_test_alloc_run),
 	KUNIT_CASE(dd_space_test_large),
+	KUNIT_CASE(dd_space_test_hold_frees),
 	{}
 };
 

@@ -39,8 +39,39 @@ void dd_space_exit(struct dd_space *s)
 {
 	kvfree(s->used);
 	kvfree(s->pending);
+	kvfree(s->held);
 	s->used = NULL;
 	s->pending = NULL;
+	s->held = NULL;
+}
+
+/* From now on a commit holds the frees; see dedup-space.h. */
+int dd_space_hold_frees(struct dd_space *s)
+{
+	s->held = bitmap_kvzalloc(s->nr_blocks);
+	return s->held ? 0 : -ENOMEM;
+}
+
+/* The first run [*begin, *end) of held blocks at or after @from. */
+bool dd_space_held_run(const struct dd_space *s, u64 from, u64 *begin,
+		       u64 *end)
+{
+	if (!s->nr_held)
+		return false;
+	*begin = find_next_bit(s->held, s->nr_blocks, from);
+	if (*begin >= s->nr_blocks)
+		return false;
+	*end = find_next_zero_bit(s->held, s->nr_blocks, *begin);
+	return true;
+}
+
+/* Held blocks [begin, end) were discarded: they become free. */
+void dd_space_release_held(struct dd_space *s, u64 begin, u64 end)
+{
+	bitmap_clear(s->held, begin, end - begin);
+	bitmap_clear(s->used, begin, end - begin);
+	s->nr_held -= end - begin;
+	s->nr_used -= end - begin;
 }
 
 /*
@@ -112,8 +143,9 @@ void dd_space_free_now(struct dd_space *s, u64 block)
 }
 
 /*
- * The transaction is on disk: pending frees become free. @freed, if given,
- * receives each run [begin, end) of blocks that just became free.
+ * The transaction is on disk: pending frees become free, or held if the
+ * allocator holds them. @freed, if given, receives each run [begin, end)
+ * of blocks that just became free.
  */
 void dd_space_commit(struct dd_space *s,
 		     void (*freed)(void *ctx, u64 begin, u64 end), void *ctx)
@@ -125,12 +157,19 @@ void dd_space_commit(struct dd_space *s,
 	for (b = find_first_bit(s->pending, s->nr_blocks); b < s->nr_blocks;
 	     b = find_next_bit(s->pending, s->nr_blocks, e)) {
 		e = find_next_zero_bit(s->pending, s->nr_blocks, b);
-		bitmap_clear(s->used, b, e - b);
 		bitmap_clear(s->pending, b, e - b);
+		if (s->held) {
+			bitmap_set(s->held, b, e - b);
+			continue;
+		}
+		bitmap_clear(s->used, b, e - b);
 		if (freed)
 			freed(ctx, b, e);
 	}
-	s->nr_used -= s->nr_pending;
+	if (s->held)
+		s->nr_held += s->nr_pending;
+	else
+		s->nr_used -= s->nr_pending;
 	s->nr_pending = 0;
 }
 

@@ -7,6 +7,11 @@
  * last committed state, so it stays allocated ("pending free") until the
  * transaction commits. That is what makes a crash land on either the old
  * or the new content of a block, never on somebody else's.
+ *
+ * An allocator that holds frees (dd_space_hold_frees) keeps them
+ * allocated past the commit too, "held", until its owner has discarded
+ * them on the device and releases them: a discard still in flight must
+ * never land on a block written again.
  */
 #ifndef DM_DEDUP_SPACE_H
 #define DM_DEDUP_SPACE_H
@@ -16,9 +21,11 @@
 struct dd_space {
 	unsigned long *used;	/* allocated, or pending free */
 	unsigned long *pending;	/* released in the running transaction */
+	unsigned long *held;	/* committed frees not released yet, or NULL */
 	u64 nr_blocks;
 	u64 nr_used;		/* includes pending */
 	u64 nr_pending;
+	u64 nr_held;
 	u64 cursor;		/* next-fit start, keeps writes sequential */
 	u64 first;		/* blocks below this are never handed out */
 };
@@ -33,6 +40,10 @@ void dd_space_release(struct dd_space *s, u64 block);
 void dd_space_free_now(struct dd_space *s, u64 block);
 void dd_space_commit(struct dd_space *s,
 		     void (*freed)(void *ctx, u64 begin, u64 end), void *ctx);
+int dd_space_hold_frees(struct dd_space *s);
+bool dd_space_held_run(const struct dd_space *s, u64 from, u64 *begin,
+		       u64 *end);
+void dd_space_release_held(struct dd_space *s, u64 begin, u64 end);
 
 static inline u64 dd_space_free_blocks(const struct dd_space *s)
 {

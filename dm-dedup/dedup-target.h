@@ -7,6 +7,7 @@
  * or some of the earlier ones, never the other way round):
  *
  *   dd_instances_lock  mutex    dm-dedup-target.c   construction, destruction
+ *   dc->commit_mutex   mutex    dedup-commit.c      one commit at a time
  *   dc->lock           rwsem    dedup-commit.c      the transaction
  *   md->lock           rwsem    dedup-metadata.c    the metadata
  *   md->data_lock      mutex    dedup-metadata.c    the data allocator
@@ -88,6 +89,9 @@ struct dedup_c {
 	bool read_only;
 
 	/* dedup-commit.c */
+	struct mutex commit_mutex;	/* a whole commit, and the two below */
+	u64 flush_seq;		/* data flushes a commit started */
+	u64 committed_seq;	/* ... and finished; under lock too */
 	struct rw_semaphore lock;	/* the transaction, see above */
 	int mode;			/* only raised, by cmpxchg; read anywhere */
 	atomic_t low_water_raised;	/* set by a writer, cleared by commit */
@@ -98,6 +102,7 @@ struct dedup_c {
 	spinlock_t commit_lock;		/* protects the two lists below */
 	struct bio_list commit_waiters;	/* flushes and FUA writes */
 	struct list_head nospc_waiters;	/* writes waiting for freed blocks */
+	struct list_head flush_waiters;	/* new data written during a flush */
 	/* Reads that may still touch a block freed in this transaction. */
 	atomic_t reads_inflight;
 	wait_queue_head_t reads_wait;
@@ -147,6 +152,7 @@ struct dd_write_block {
 	u8 fp[DD_FP_SIZE];
 	unsigned int flags;
 	int error;			/* what became of it, once DD_DONE */
+	u64 flush_ticket;		/* a run's data completed: dd_flush_ticket */
 	struct hlist_node inflight_node;	/* under dc->index_lock */
 	struct list_head waiters;	/* same content, waiting for us */
 	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
@@ -209,7 +215,7 @@ void dd_decide_init(struct dedup_c *dc);
 int dd_index_visit(void *ctx, u64 pba, const u8 *fp);
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision);
-void dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error);
+bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error);
 int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end);
 
 /* dedup-commit.c */
@@ -219,6 +225,8 @@ void dd_commit_stop(struct dedup_c *dc);
 int dd_commit(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
+u64 dd_flush_ticket(struct dedup_c *dc);
+bool dd_data_covered(struct dedup_c *dc, struct dd_write_block *run);
 void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r);
 void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r);

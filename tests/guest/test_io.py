@@ -268,3 +268,45 @@ def test_discard_passdown_frees_backing_space(make_dedup, backing, seed):
     used_after = os.stat(data_file).st_blocks * 512
     assert d.status()["data_used"] == 0
     assert used_before - used_after >= 256 * BLOCK, (used_before, used_after)
+
+
+def test_discard_passdown_never_lands_on_reused_blocks(make_dedup, seed):
+    """A commit discards the blocks it freed after it lets writers go on
+    again, and hands them out only when the discard is done. The data
+    device is full, everything is discarded, and four writers at once need
+    every freed block back (they wait for the commit, which their own
+    no-space waits start): what they wrote must read back, not the zeros a
+    discard leaves on the tmpfs-backed data device. That the allocator
+    never hands out a held block is KUnit's dm_dedup_space hold_frees."""
+    import threading
+    d = make_dedup(data_mib=8, logical_mib=64, opts=["discard_passdown"])
+    nblocks = 8 * 1024 * 1024 // BLOCK
+    write_ids(d.path, seed, [i for i in range(nblocks)])
+    assert d.status()["data_used"] == nblocks
+    ddlib.run(["blkdiscard", "-o", "0", "-l", str(nblocks * BLOCK), d.path])
+    per = nblocks // 4
+    errors = []
+
+    def writer(w):
+        try:
+            with BlockDev(d.path) as bd:
+                for i in range(0, per, 16):
+                    base = nblocks + w * per + i
+                    bd.write_range(base, [block_data(seed, 100_000 + base + j)
+                                          for j in range(16)])
+        except Exception as e:          # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    expected = {lba: block_data(seed, 100_000 + lba)
+                for lba in range(nblocks, 2 * nblocks)}
+    verify_blocks(d.path, expected)
+    st = d.stats()
+    assert int(st["discard_passdown_blocks"]) >= nblocks, st
+    d.commit()
+    verify_blocks(d.path, expected)
