@@ -182,7 +182,7 @@ static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba
 	struct page *page;
 	int r;
 
-	/* Short of memory, store a copy rather than wait under dc->lock. */
+	/* Short of memory, store a copy rather than wait for memory. */
 	page = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!page)
 		return -ENOMEM;
@@ -211,26 +211,35 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 	int r;
 
 	lockdep_assert_held_read(&dc->lock);
-	if (dc->verify) {
+	while (dc->verify) {
 		/*
 		 * Only a block live with our fingerprint is worth reading. A
 		 * live block's content never changes, and a freed one is reused
-		 * only after a commit, which our hold on dc->lock keeps out:
-		 * what is read is what the block holds, if the share below
-		 * finds it still live. (Without verify the share checks alone,
-		 * in one trip through the metadata lock: mixing shared and
-		 * exclusive trips makes writers queue behind each other.)
+		 * only after a commit. The read is made without the lock, so
+		 * that it never holds up a commit and the writers queued behind
+		 * it; if no commit ran meanwhile, what was read is what the
+		 * block holds, as long as the share below finds it still live.
+		 * (Without verify the share checks alone, in one trip through
+		 * the metadata lock: mixing shared and exclusive trips makes
+		 * writers queue behind each other.)
 		 */
+		u64 seq = dc->committed_seq;
+
 		r = dd_md_holds(dc->md, pba, b->fp);
 		if (r <= 0)
 			return r ? r : DD_RULED_OUT;
+		up_read(&dc->lock);
 		r = dd_same_content(dc, b, pba);
+		down_read(&dc->lock);
+		if (dc->committed_seq != seq)
+			continue;	/* the block may have been reused */
 		if (r < 0)
 			return DD_COPY;	/* unreadable: store a copy of its own */
 		if (!r) {
 			atomic64_inc(&dc->verify_mismatches);
 			return DD_DIFFERENT;
 		}
+		break;
 	}
 	r = dd_md_map_duplicate(dc->md, b->lba, pba, b->fp, &freed);
 	if (r == -EOVERFLOW)

@@ -8,7 +8,8 @@
 #
 # usage: profile.sh WORKLOAD...   (seq0: 1 MiB writes, unique data;
 #                                  seq100: 1 MiB writes, all duplicates;
-#                                  rand50: 4 KiB random writes, 50 % duplicates)
+#                                  rand0, rand50, rand90: 4 KiB random writes,
+#                                  none, 50 or 90 % duplicates)
 # Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
 # boot (before and after a change), default "dm-dedup=$DEDUP_KO".
@@ -49,7 +50,9 @@ profile_module() { # profile_module LABEL WORKLOAD...
         case "$w" in
             seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
             seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
-            rand50) opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=50) ;;
+            rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
+            rand50|rand90)
+                opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${w#rand}) ;;
             *) echo "unknown workload $w" >&2; exit 2 ;;
         esac
         if [ "${PROFILE_REPS:-0}" -gt 0 ]; then
