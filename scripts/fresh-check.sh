@@ -550,7 +550,8 @@ do_guest_prereqs() {
         echo "-- what the guest suite and the demo run (the guest sees this root file system)"
         need dmsetup mkfs.ext4 fsck.ext4 mkfs.xfs xfs_repair blkdiscard blockdev losetup \
              udevadm insmod rmmod lsmod modinfo dmesg mount umount mountpoint truncate \
-             sha256sum tar find awk fio
+             sha256sum tar find awk fio pvcreate vgcreate lvcreate lvextend vgremove \
+             blktrace blkparse
         if /bin/python3 -c "import pytest" 2>/dev/null; then ok "pytest for /bin/python3 ($(/bin/python3 -m pytest --version 2>&1 | head -n 1))"; else bad "pytest for /bin/python3 (python3-pytest)"; fi
         if [ -x tools/target/debug/dedup ] && tools/target/debug/dedup --version >/dev/null; then
             ok "tools/target/debug/dedup ($(tools/target/debug/dedup --version))"

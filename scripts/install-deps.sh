@@ -94,9 +94,12 @@ fi
 # busybox-static and file: virtme-ng builds the guest's initramfs around a
 # static busybox and checks that it is static with file(1).  procps: pgrep in
 # guest-run.sh.  A bare Debian 12 has none of the three (scripts/fresh-check.sh).
+# lvm2: the guest suite and the demo put dedup on logical volumes; blktrace:
+# the suite's I/O assertions (tests/guest/iotrace.py).
 PKGS=(linux-image-6.12-amd64 linux-headers-6.12-amd64 build-essential sparse fio
       xfsprogs e2fsprogs dmsetup python3-pytest kmod udev rsync util-linux
-      dkms linux-source-6.12 xz-utils flex bison bc busybox-static file procps)
+      dkms linux-source-6.12 xz-utils flex bison bc busybox-static file procps
+      lvm2 blktrace)
 missing=()
 for p in "${PKGS[@]}"; do is_installed "$p" || missing+=("$p"); done
 if [ "${#missing[@]}" = 0 ]; then

@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddlib  # noqa: E402
 from ddlib import MIB  # noqa: E402
+from lvm import VolumeGroup  # noqa: E402
 
 TEST_TIMEOUT = int(os.environ.get("DD_TEST_TIMEOUT", "900"))
 
@@ -135,11 +136,23 @@ class DedupFactory:
         self.n += 1
         return "%s%d" % (ddlib.NAME_PREFIX, self.n)
 
-    def __call__(self, meta_mib=16, data_mib=64, logical_mib=256, opts=(), name=None):
-        meta = self.backing.loop(meta_mib, "meta")
-        data = self.backing.loop(data_mib, "data")
-        return ddlib.DedupDev.create(name or self.name(), meta, data,
-                                     logical_mib * MIB // 512, opts)
+    def __call__(self, meta_mib=16, data_mib=64, logical_mib=256, opts=(), name=None,
+                 lvm=False, vg_spare_mib=0):
+        """lvm: the metadata and data devices are logical volumes "meta"
+        and "data" of a new volume group (dev.vg), as on a datastore, with
+        vg_spare_mib left free in the group to grow them."""
+        vg = None
+        if lvm:
+            # LVM rounds sizes up to its 4 MiB extents and keeps 1 MiB.
+            vg = VolumeGroup(self.backing, meta_mib + data_mib + 16 + vg_spare_mib)
+            meta, data = vg.lv("meta", meta_mib), vg.lv("data", data_mib)
+        else:
+            meta = self.backing.loop(meta_mib, "meta")
+            data = self.backing.loop(data_mib, "data")
+        dev = ddlib.DedupDev.create(name or self.name(), meta, data,
+                                    logical_mib * MIB // 512, opts)
+        dev.vg = vg
+        return dev
 
 
 @pytest.fixture

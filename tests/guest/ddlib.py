@@ -385,6 +385,7 @@ class Backing:
         self.loops = []
         self.nullbs = []
         self.mounts = []
+        self.vgs = []                # lvm.VolumeGroup, registered by itself
         self._n = 0
         self.checked = 0
         self.data_checked = 0
@@ -435,11 +436,19 @@ class Backing:
                     break
                 time.sleep(0.1)
 
-    def data_loop_for(self, i):
-        """The data device made for the metadata device self.loops[i]: the
-        next loop over a file named data*, before the next meta* one."""
-        for f, dev in zip(self.files[i + 1:], self.loops[i + 1:]):
-            name = os.path.basename(f)
+    def named_devices(self):
+        """(name, device) of every loop (named by its file) and logical
+        volume, in creation order per kind."""
+        out = [(os.path.basename(f), dev) for f, dev in zip(self.files, self.loops)]
+        for vg in self.vgs:
+            out += vg.volumes
+        return out
+
+    @staticmethod
+    def data_for(devs, i):
+        """The data device made for the metadata device devs[i]: the next
+        device named data*, before the next meta* one."""
+        for name, dev in devs[i + 1:]:
             if name.startswith("meta"):
                 return None
             if name.startswith("data"):
@@ -448,22 +457,24 @@ class Backing:
 
     def check_metadata(self):
         """The offline checker is the oracle: every metadata device a test
-        leaves behind (a loop over a file named meta*) must check clean,
-        and with its data device (the next data* loop) every live data
-        block must hash to its fingerprint record. A never-formatted one
-        (both superblock slots zero) is fine."""
+        leaves behind (a loop over a file named meta*, or a logical volume
+        named meta*) must check clean, and with its data device (the next
+        data* one) every live data block must hash to its fingerprint
+        record. A never-formatted one (both superblock slots zero) is
+        fine."""
         errors = []
-        for i, (f, dev) in enumerate(zip(self.files, self.loops)):
-            if not os.path.basename(f).startswith("meta"):
+        devs = self.named_devices()
+        for i, (name, dev) in enumerate(devs):
+            if not name.startswith("meta"):
                 continue
-            data = self.data_loop_for(i)
+            data = self.data_for(devs, i)
             p = run([DEDUP_BIN, "check", dev] + (["--data", data] if data else []),
                     check=False)
             if p.returncode == 8 and "not formatted" in p.stderr:
                 continue
             if p.returncode != 0:
                 errors.append("dedup check %s (%s) exit %d:\n%s%s" % (
-                    dev, os.path.basename(f), p.returncode, p.stdout, p.stderr))
+                    dev, name, p.returncode, p.stdout, p.stderr))
             self.checked += 1
             self.data_checked += bool(data)
         global METADATA_CHECKS, DATA_CHECKS
@@ -483,6 +494,8 @@ class Backing:
         udev_settle()
         errors += remove_dm_devices()
         errors += self.check_metadata()
+        for vg in reversed(self.vgs):
+            errors += vg.remove()
         for dev in reversed(self.loops):
             run(["losetup", "-d", dev], check=False)
         for f in self.files:
@@ -501,6 +514,7 @@ class Backing:
             except OSError as e:
                 errors.append("rmdir %s: %s" % (d, e))
         self.files, self.loops, self.nullbs, self.mounts = [], [], [], []
+        self.vgs = []
         return errors
 
 

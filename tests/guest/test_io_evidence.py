@@ -1,0 +1,250 @@
+"""What the target sends to its devices, seen with blktrace, not inferred
+from counters (iotrace.py). The devices are logical volumes of a volume
+group, as on a datastore (lvm.py).
+
+Each device here has commit_interval 3600, so that the only commits are
+the ones a test asks for; udev's probes are let finish before a trace
+starts.
+"""
+
+import os
+import time
+
+import ddlib
+from ddlib import BLOCK, BlockDev, block_data, run
+from iotrace import IoTrace, describe
+from lvm import lvm
+
+NO_TIMED_COMMIT = ("commit_interval", "3600")
+SB_SECTORS = BLOCK // 512
+
+
+def lv_dedup(make_dedup, opts=(), **kw):
+    return make_dedup(lvm=True, opts=NO_TIMED_COMMIT + tuple(opts), **kw)
+
+
+def trace(dev, top=False):
+    ddlib.udev_settle()
+    roles = {"data": dev.data, "meta": dev.meta}
+    if top:
+        roles["top"] = dev.path
+    return IoTrace(**roles)
+
+
+def stat(dev, key):
+    return int(dev.stats()[key])
+
+
+def assert_commit(t, txn):
+    """The commit sequence of Documentation/dm-dedup.rst ("Transactions
+    and commits"): the data device gets one empty flush and nothing else;
+    the metadata device gets the changed blocks, a flush, the superblock
+    of generation @txn in slot txn % 2, and a flush; nothing has FUA."""
+    data = [b for b in t.bios("data") if b.op != "R"]
+    assert [(b.op, b.preflush, b.sectors) for b in data] == [("W", True, 0)], \
+        "data device during a commit:\n" + describe(t, "data")
+    meta = [b for b in t.bios("meta") if b.op != "R"]
+    ops = "".join("F" if b.is_flush and not b.sectors else b.op for b in meta)
+    assert ops.endswith("FWF") and set(ops[:-3]) == {"W"}, \
+        "metadata device during a commit (W = block, F = empty flush):\n" + \
+        describe(t, "meta")
+    sb = meta[-2]
+    assert (sb.sector, sb.sectors) == ((txn % 2) * SB_SECTORS, SB_SECTORS), \
+        "superblock of generation %d not in slot %d:\n%s" % (txn, txn % 2,
+                                                             describe(t, "meta"))
+    assert not any(b.fua for b in data + meta), "FUA in a commit"
+    assert data[0].seq < meta[0].seq, \
+        "the data device was not flushed before the metadata was written"
+    return len(meta) - 3
+
+
+def test_duplicate_writes_send_nothing_to_the_data_device(make_dedup, seed):
+    dev = lv_dedup(make_dedup)
+    blocks = [block_data(seed, i) for i in range(64)]
+    with BlockDev(dev.path) as b:
+        b.write_range(0, blocks)
+        b.fsync()
+        dup0 = stat(dev, "duplicate_writes")
+        with trace(dev) as t:
+            b.write_range(1000, blocks)                  # one 256 KiB write
+            for i in range(0, 64, 2):                    # and 32 of 4 KiB
+                b.write(2000 + i, blocks[i])
+        assert stat(dev, "duplicate_writes") - dup0 == 96
+        data, meta = t.summary("data"), t.summary("meta")
+        assert data == dict(data, writes=0, reads=0, flushes=0, discards=0), \
+            "data device while duplicates were written:\n" + describe(t, "data")
+        # Nothing reaches the metadata device before the next commit either.
+        assert meta == dict(meta, writes=0, flushes=0, discards=0), \
+            "metadata device before the commit:\n" + describe(t, "meta")
+        with trace(dev) as t:
+            b.fsync()
+        changed = assert_commit(t, stat(dev, "transaction_id"))
+        assert changed >= 1
+        assert b.read_range(1000, 64) == blocks
+        assert [b.read(2000 + i) for i in range(0, 64, 2)] == blocks[::2]
+    ddlib.report("duplicates: 96 written, 0 data bios; the commit wrote %d metadata "
+                 "blocks + superblock" % changed)
+
+
+def test_sequential_unique_data_goes_out_in_one_bio_per_256k(make_dedup, seed):
+    """Documentation/dm-dedup.rst, "Writes": device-mapper cuts a large
+    bio at 256 KiB, and the new blocks of each piece go to the data device
+    as one bio when the free space is consecutive (a fresh device). Reads
+    of a physically contiguous run go out the same way ("Reads")."""
+    dev = lv_dedup(make_dedup)
+    blocks = [block_data(seed, i) for i in range(256)]
+    with BlockDev(dev.path) as b:
+        with trace(dev, top=True) as t:
+            b.write_range(0, blocks)                     # one 1 MiB write
+        top = [x for x in t.bios("top") if x.op == "W"]
+        assert [x.bytes for x in top] == [1 << 20], describe(t, "top")
+        writes = [x for x in t.bios("data") if x.op == "W"]
+        sizes = sorted(x.bytes for x in writes)
+        ddlib.report("1 MiB unique write: data bios of %s bytes" % sizes)
+        assert sizes == [256 << 10] * 4, \
+            "data device bios for one 1 MiB unique write:\n" + describe(t, "data")
+        assert not [x for x in t.bios("data") if x.op != "W"], describe(t, "data")
+        b.fsync()
+        ddlib.udev_settle()
+        with trace(dev) as t:
+            got = b.read_range(0, 256)                   # one 1 MiB read
+        assert got == blocks
+        reads = [x for x in t.bios("data") if x.op == "R"]
+        assert sorted(x.bytes for x in reads) == [256 << 10] * 4, \
+            "data device bios for one 1 MiB read:\n" + describe(t, "data")
+        assert not t.bios("meta"), "the map was cached:\n" + describe(t, "meta")
+
+
+def test_a_flush_commits_once_and_an_idle_flush_sends_nothing(make_dedup, seed):
+    dev = lv_dedup(make_dedup)
+    with BlockDev(dev.path) as b:
+        b.write_range(0, [block_data(seed, i) for i in range(16)])
+        with trace(dev) as t:
+            b.fsync()
+        changed = assert_commit(t, stat(dev, "transaction_id"))
+        # "If nothing has changed since the last commit, no commit is made
+        # and no I/O is issued."
+        txn = stat(dev, "transaction_id")
+        with trace(dev) as t:
+            b.fsync()
+        assert not t.bios("data") and not t.bios("meta"), \
+            "an idle flush:\n%s\n%s" % (describe(t, "data"), describe(t, "meta"))
+        assert stat(dev, "transaction_id") == txn
+        # A FUA write: its data goes out without FUA, then the commit.
+        blk = block_data(seed, 100)
+        with trace(dev, top=True) as t:
+            b.write_range(50, [blk], flags=os.RWF_DSYNC)
+        fua = [x for x in t.bios("top") if x.op == "W" and x.sectors]
+        assert len(fua) == 1 and fua[0].fua, "no FUA write reached the target:\n" + \
+            describe(t, "top")
+        data = [x for x in t.bios("data") if x.op != "R"]
+        assert [(x.op, x.preflush, x.fua, x.sectors) for x in data] == \
+            [("W", False, False, SB_SECTORS), ("W", True, False, 0)], \
+            "data device for one FUA write:\n" + describe(t, "data")
+        assert_commit(_without(t, "data", data[0]), stat(dev, "transaction_id"))
+        assert b.read(50) == blk
+    ddlib.report("flush after 16 unique writes: %d metadata blocks + superblock, "
+                 "3 flushes; idle flush: no I/O" % changed)
+
+
+class _without:
+    """A trace's bios with one bio of one device left out."""
+
+    def __init__(self, t, role, bio):
+        self.t, self.role, self.bio = t, role, bio
+
+    def bios(self, role):
+        bios = self.t.bios(role)
+        if role == self.role:
+            bios.remove(self.bio)
+        return bios
+
+
+def test_discard_passdown_discards_freed_blocks_only(make_dedup, seed):
+    dev = lv_dedup(make_dedup, opts=("discard_passdown",))
+    shared = [block_data(seed, i) for i in range(8)]
+    alone = [block_data(seed, 100 + i) for i in range(8)]
+    with BlockDev(dev.path) as b:
+        b.write_range(0, shared)
+        b.write_range(100, shared)                       # shares the first 8
+        b.write_range(200, alone)
+        b.fsync()
+        # Where each content lives on the data device.
+        with BlockDev(dev.data) as d:
+            used = d.read_range(0, 32)
+        where = {c: i for i, c in enumerate(used)}
+        assert all(c in where for c in shared + alone), "content not found on the data device"
+        alone_sectors = {where[c] * SB_SECTORS for c in alone}
+        shared_sectors = {where[c] * SB_SECTORS for c in shared}
+        passed0 = stat(dev, "discard_passdown_blocks")
+        with trace(dev) as t:
+            ddlib.discard(dev.path, 0, 8)                # still shared by 100..107
+            ddlib.discard(dev.path, 200, 8)              # the only copy
+            b.fsync()
+            for _ in range(100):
+                if stat(dev, "discard_passdown_blocks") - passed0 >= 8:
+                    break
+                time.sleep(0.1)
+        assert stat(dev, "discard_passdown_blocks") - passed0 == 8
+        got = set()
+        for x in t.bios("data"):
+            if x.op == "D":
+                got |= {x.sector + s for s in range(0, x.sectors, SB_SECTORS)}
+        assert got == alone_sectors and not got & shared_sectors, \
+            "discards on the data device (freed: %s):\n%s" % (sorted(alone_sectors),
+                                                             describe(t, "data"))
+        assert not [x for x in t.bios("data") if x.op == "W" and x.sectors], \
+            describe(t, "data")
+        assert b.read_range(100, 8) == shared
+        assert b.read_range(0, 8) == [ddlib.ZERO] * 8
+
+
+def test_dedup_on_logical_volumes_ext4_and_lvextend(make_dedup, backing, seed):
+    """The datastore set-up of Documentation/dm-dedup.rst ("On LVM"):
+    ext4 on dedup on two logical volumes; the metadata volume grown with
+    lvextend and taken by a reload; a grown data volume refused with the
+    documented reason while the device keeps serving."""
+    dev = make_dedup(meta_mib=16, data_mib=96, logical_mib=512, lvm=True, vg_spare_mib=64)
+    vg = dev.vg
+    run(["mkfs.ext4", "-q", "-F", dev.path])
+    mnt = os.path.join(ddlib.TMPFS, "lvmnt")
+    os.makedirs(mnt, exist_ok=True)
+    run(["mount", dev.path, mnt])
+    backing.mounts.append(mnt)
+    payload = b"".join(block_data(seed, i) for i in range(1024))      # 4 MiB
+    for i in range(4):
+        with open(os.path.join(mnt, "image%d" % i), "wb") as f:
+            f.write(payload)
+    run(["sync"])
+    st = dev.stats()
+    assert int(st["data_blocks_live"]) < 2 * 1024, st     # 4 copies, ~1 stored
+
+    total0 = int(st["metadata_blocks_total"])
+    assert vg.extend("meta", 16) == 32 << 20
+    run(["dmsetup", "reload", dev.name, "--table", dev.table_line()])
+    run(["dmsetup", "resume", dev.name])
+    dev.commit()
+    assert int(dev.stats()["metadata_blocks_total"]) == total0 + (16 << 20) // BLOCK
+
+    vg.extend("data", 32)
+    k = ddlib.Kmsg()
+    p = run(["dmsetup", "reload", dev.name, "--table", dev.table_line()], check=False)
+    assert p.returncode != 0, "a grown data device was taken"
+    assert any("data device size differs from the metadata" in line for line in k.lines()), \
+        "\n".join(k.lines())
+    k.close()
+    assert dev.status()["mode"] == "rw"
+    with open(os.path.join(mnt, "image4"), "wb") as f:
+        f.write(payload)
+    run(["sync"])
+    # The undo an administrator would do, so that `dedup check --data` at
+    # cleanup sees the data device at its recorded size.
+    lvm("lvreduce", "-q", "-f", "-L", "-32m", "%s/data" % vg.name, devices=vg.pv)
+    run(["umount", mnt])
+    run(["fsck.ext4", "-fn", dev.path])
+    run(["mount", dev.path, mnt])
+    for i in range(5):
+        with open(os.path.join(mnt, "image%d" % i), "rb") as f:
+            assert f.read() == payload, "image%d" % i
+    run(["umount", mnt])
+
