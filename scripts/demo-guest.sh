@@ -9,6 +9,7 @@ SRC=${DEMO_SRC:-/usr/lib/python3.11 /usr/lib/python3/dist-packages}
 T=/tmp/dd-demo            # tmpfs holding the backing files
 MNT=/tmp/dd-demo-mnt
 NAME=dddemo
+VG=dddemo_vg
 say() { printf 'demo: %s\n' "$*"; }
 stamp() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -17,8 +18,12 @@ cleanup() {
     set +e
     mountpoint -q "$MNT" && umount "$MNT"
     dmsetup info "$NAME" >/dev/null 2>&1 && dmsetup remove --retry "$NAME"
-    [ -n "${META:-}" ] && losetup -d "$META"
-    [ -n "${DATA:-}" ] && losetup -d "$DATA"
+    if [ -n "${SSD:-}" ] && [ -n "${HDD:-}" ]; then
+        lvm vgremove -q -f "$VG" >/dev/null 2>&1
+        lvm pvremove -q -y "$SSD" "$HDD" >/dev/null 2>&1
+    fi
+    [ -n "${SSD:-}" ] && losetup -d "$SSD"
+    [ -n "${HDD:-}" ] && losetup -d "$HDD"
     mountpoint -q "$T" && umount "$T"
     lsmod | grep -q '^dm_dedup' && rmmod dm_dedup
 }
@@ -31,10 +36,23 @@ insmod "$KO"
 
 mkdir -p "$T" "$MNT"
 mount -t tmpfs -o size=3G dd-demo "$T"
-truncate -s 64M "$T/meta.img"
-truncate -s 2G "$T/data.img"
-META=$(losetup -f --show "$T/meta.img")
-DATA=$(losetup -f --show "$T/data.img")
+# Two disks, as on a datastore: a small fast one for the metadata ("ssd")
+# and a large one for the data ("hdd"), both loop devices over tmpfs here.
+# One volume group over both, a logical volume on each (Documentation/
+# dm-dedup.rst, "On LVM"). --devices keeps LVM to these two disks.
+truncate -s 64M "$T/ssd.img"
+truncate -s 2G "$T/hdd.img"
+SSD=$(losetup -f --show "$T/ssd.img")
+HDD=$(losetup -f --show "$T/hdd.img")
+lvm() { LVM_SUPPRESS_FD_WARNINGS=1 command "$1" --devices "$SSD,$HDD" "${@:2}"; }
+say "LVM: volume group $VG on $SSD (metadata) and $HDD (data)"
+lvm pvcreate -q -y "$SSD" "$HDD"
+lvm vgcreate -q "$VG" "$SSD" "$HDD"
+lvm lvcreate -q -y -Wy -Zy -n meta -l 100%PVS "$VG" "$SSD"
+lvm lvcreate -q -y -Wy -Zy -n data -l 100%PVS "$VG" "$HDD"
+lvm lvs -o lv_name,lv_size,devices "$VG"
+META=/dev/$VG/meta
+DATA=/dev/$VG/data
 LOGICAL=$((4 << 30))
 TABLE="0 $((LOGICAL / 512)) dedup $META $DATA"
 say "dmsetup create $NAME --table \"$TABLE\""

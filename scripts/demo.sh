@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dm-dedup demo: install deps, build, boot the guest, and in it:
-#   - a dedup device over sparse files on a guest tmpfs
-#     (metadata 64 MiB, data 2 GiB, logical 4 GiB)
+#   - two "disks" (sparse files on a guest tmpfs: 64 MiB for metadata,
+#     2 GiB for data), one LVM volume group over both, a logical volume on
+#     each, and a dedup device of 4 GiB logical size over the two volumes
 #   - ext4 on it; a real system tree copied in once from the host (bounded,
 #     DEMO_MB, default 100 MB read over 9p), then copied DEMO_COPIES-1 more
 #     times inside the filesystem (those writes go through the dedup target)
