@@ -320,6 +320,43 @@ def data_opts(dup_percent, seed):
     return o
 
 
+def disk_io(dev):
+    """Bytes written, bytes discarded and flush requests of a whole disk
+    since boot (/sys/block/<disk>/stat: what reached the disk, after the
+    block layer merged or split the stack's bios)."""
+    with open("/sys/block/%s/stat" % os.path.basename(os.path.realpath(dev))) as f:
+        v = [int(x) for x in f.read().split()]
+    return {"written": v[6] * 512, "discarded": v[13] * 512, "flushes": v[15]}
+
+
+def io_snapshot(data, meta):
+    return {"data": disk_io(data), "meta": disk_io(meta)}
+
+
+def flush(dev):
+    """One flush of the stack: each commits what it holds (thin and dedup
+    their metadata, vdo its journal), so amplification counts it."""
+    fd = os.open(dev, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def record_amplification(workload, param, stack, user_bytes, before, after):
+    """Bytes each disk received per byte the workload wrote."""
+    row = {"workload": workload, "param": param, "stack": stack, "user_bytes": user_bytes}
+    for d in ("data", "meta"):
+        for k in ("written", "discarded", "flushes"):
+            row["%s_%s" % (d, k)] = after[d][k] - before[d][k]
+        row["%s_per_user_byte" % d] = round(row["%s_written" % d] / user_bytes, 4)
+    RESULTS.setdefault("write_amp", []).append(row)
+    log("amplification %-9s %-8s %-6s data %.3f meta %.3f bytes per byte written "
+        "(flushes: data %d, meta %d)" % (workload, param, stack, row["data_per_user_byte"],
+                                         row["meta_per_user_byte"], row["data_flushes"],
+                                         row["meta_flushes"]))
+
+
 def record(workload, param, stack, metric, unit, runs, better="higher", extra=None):
     vals = [r[metric] for r in runs[1:]]            # runs[0] is the warm-up
     entry = {"workload": workload, "param": param, "stack": stack, "metric": metric,
@@ -377,12 +414,16 @@ def write_series(stacks, data, meta, workload, params, fio_base, size, metric, u
             s = fresh(cls, data, meta)
             try:
                 before = s.extra()
+                io0 = io_snapshot(data, meta)
                 runs = []
                 for i in range(REPS + 1):
                     seed = 1000 + 100 * dup + i
                     o = dict(fio_base, size=size, offset=i * size, **data_opts(dup, seed))
                     runs.append(fio(s.dev, **o))
                 sh(["sync"])
+                flush(s.dev)
+                record_amplification(workload, "%d%%" % dup, s.name, (REPS + 1) * size,
+                                     io0, io_snapshot(data, meta))
                 after = s.extra()
                 est = None
                 if cls is Raw:
@@ -426,9 +467,12 @@ def w_fsync(stacks, data, meta):
     for cls in stacks:
         s = fresh(cls, data, meta)
         try:
+            io0 = io_snapshot(data, meta)
             runs = [fio(s.dev, rw="write", bs="4k", iodepth=1, fsync=1, size=region,
                         offset=i * region, **data_opts(0, 900 + i))
                     for i in range(REPS + 1)]
+            record_amplification("fsync", "4k+fsync", s.name, (REPS + 1) * region, io0,
+                                 io_snapshot(data, meta))
             record("fsync", "4k+fsync", s.name, "iops", "IOPS", runs, extra=s.extra())
         finally:
             s.remove()
@@ -531,10 +575,14 @@ def w_pool(stacks, data, meta):
                 for f in images:                     # the source in page cache
                     sh(["dd", "if=" + f, "of=/dev/null", "bs=1M", "status=none"],
                        timeout=1800)
+                io0 = io_snapshot(data, meta)
                 t0 = time.monotonic()
                 sh(["cp", "--sparse=auto"] + images + [mnt + "/"], timeout=7200)
                 sh(["sync"])
                 secs = time.monotonic() - t0
+                flush(s.dev)
+                record_amplification("pool", "cp", s.name, apparent, io0,
+                                     io_snapshot(data, meta))
                 df1 = os.statvfs(mnt)
                 fs_blocks = (df0.f_bfree - df1.f_bfree) * df1.f_frsize // BLOCK
                 phys1 = s.physical_blocks()

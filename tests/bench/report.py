@@ -334,6 +334,37 @@ def main():
         pool_chart(os.path.join(a.out, "pool.png"), res)
         doc.append("\n.. image:: benchmarks/pool.png\n")
 
+    if res.get("write_amp"):
+        doc.append("Write amplification\n-------------------\n")
+        doc.append("Bytes written to the data disk and to the metadata disk per byte the "
+                   "workload wrote, from the disks' own counters (``/sys/block/*/stat``) "
+                   "over the whole series (warm-up included) and one final flush, so that "
+                   "each stack's last commit is counted. For the VM pool, the bytes "
+                   "written are the images' apparent size (``cp`` skips their holes, and "
+                   "ext4's own metadata is part of the data disk's figure). dm-vdo keeps "
+                   "everything on one disk, the raw device has no metadata disk. Flushes: "
+                   "flush requests that reached the data / metadata disk.\n")
+        amp = {}
+        for r in res["write_amp"]:
+            amp[(r["workload"], r["param"], r["stack"])] = r
+        keys = []
+        for r in res["write_amp"]:
+            if (r["workload"], r["param"]) not in keys:
+                keys.append((r["workload"], r["param"]))
+        stacks = [s for s in STACK_ORDER if any(k[2] == s for k in amp)]
+        rows = []
+        for w, p in keys:
+            row = ["%s %s" % (w, p)]
+            for st in stacks:
+                r = amp.get((w, p, st))
+                row.append("%.3f / %.3f (%d / %d)" % (
+                    r["data_per_user_byte"], r["meta_per_user_byte"], r["data_flushes"],
+                    r["meta_flushes"]) if r else "-")
+            rows.append(row)
+        doc.append(rst_table(["workload"] + ["%s: data / meta (flushes)" % STACK_LABEL[st]
+                                             for st in stacks], rows))
+        doc.append("")
+
     if res.get("memory"):
         doc.append("Kernel memory\n-------------\n")
         doc.append("Kernel memory held after the VM-pool copy, with the file system "
