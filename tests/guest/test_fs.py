@@ -41,7 +41,8 @@ MKFS = {
 def test_filesystem_on_dedup(make_dedup, backing, source_tree, fstype):
     src, contents, total, man, src_blocks = source_tree
     files = sorted(contents)
-    d = make_dedup(meta_mib=32, data_mib=512, logical_mib=1024)
+    # On two LVM logical volumes, as a datastore would be set up.
+    d = make_dedup(meta_mib=32, data_mib=512, logical_mib=1024, lvm=True)
     mkfs, fsck = MKFS[fstype]
     run(mkfs + [d.path], timeout=600)
     mnt = "/tmp/dd-mnt-" + fstype

@@ -12,7 +12,7 @@ META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 
 
 def test_writes_between_reload_and_resume_survive(make_dedup, seed):
-    dd = make_dedup(META_MIB, DATA_MIB, LOGICAL_MIB)
+    dd = make_dedup(META_MIB, DATA_MIB, LOGICAL_MIB, lvm=True)
     with BlockDev(dd.path) as bd:
         for lba in range(16):
             bd.write(lba, block_data(seed, lba))
