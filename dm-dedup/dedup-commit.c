@@ -10,7 +10,8 @@
  * flushed before the lock is taken, while writers go on: a run of new
  * data whose write completed after that flush began is not mapped until
  * the commit is done (dd_data_covered), so everything the commit writes
- * points at data the flush covered. Blocks the commit frees are discarded
+ * points at data the flush covered. Blocks that become reusable at the
+ * commit (those freed in the transaction before it) are discarded
  * (discard_passdown) after the lock is let go, and only then reused.
  */
 #define DM_MSG_PREFIX "dedup"
@@ -151,8 +152,9 @@ void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
 }
 
 /*
- * The write found the data device full, but the running transaction freed
- * blocks that come back at its commit: its work runs again after that.
+ * The write found the data device full, but freed blocks come back at a
+ * commit: its work runs again after the next one, and parks again if
+ * they need one more (dedup-space.h).
  */
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk)
 {
@@ -259,11 +261,11 @@ static int dd_commit_metadata(struct dedup_c *dc, int flush_error)
 	if (READ_ONCE(dc->mode) != DD_MODE_RW)
 		return -EIO;
 	/*
-	 * Blocks freed in this transaction become reusable at the commit; a
-	 * read that looked one up before it was freed must not see new
-	 * content. New lookups are excluded by the lock.
+	 * Blocks freed in the last transaction become reusable at this
+	 * commit; a read that looked one up before it was freed must not see
+	 * new content. New lookups are excluded by the lock.
 	 */
-	if (dd_md_pending_data_frees(dc->md))
+	if (dd_md_data_reusable_at_commit(dc->md))
 		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
 	r = dd_md_commit(dc->md, NULL, NULL);
 	if (r)
@@ -304,6 +306,20 @@ int dd_commit(struct dedup_c *dc)
 		atomic_set(&dc->low_water_raised, 0);
 out:
 	mutex_unlock(&dc->commit_mutex);
+	return r;
+}
+
+/*
+ * The commit message: a commit, and one more if that one released data
+ * blocks, so that they are free when the message returns (dedup-space.h).
+ */
+int dd_commit_settled(struct dedup_c *dc)
+{
+	int r = dd_commit(dc);
+
+	if (!r && dc->md && !dc->read_only &&
+	    dd_md_data_reusable_at_commit(dc->md))
+		r = dd_commit(dc);
 	return r;
 }
 

@@ -248,6 +248,8 @@ static void dd_decide_test_candidate_reused(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, a), DD_STORE);
 	KUNIT_ASSERT_EQ(test, a->r, 0);
 	KUNIT_ASSERT_EQ(test, dd_md_map_zero(dc->md, 0, &freed), 1);
+	/* The second commit makes the block reusable (dedup-space.h). */
+	KUNIT_ASSERT_EQ(test, dd_md_commit(dc->md, NULL, NULL), 0);
 	KUNIT_ASSERT_EQ(test, dd_md_commit(dc->md, NULL, NULL), 0);
 	KUNIT_ASSERT_EQ(test, dd_test_decide(dc, x), DD_STORE);
 	KUNIT_ASSERT_EQ(test, x->b.pba, a->b.pba);	/* the only block */

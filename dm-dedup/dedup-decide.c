@@ -373,7 +373,7 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 		}
 		dd_inflight_cancel(dc, b);
 		if (r == -EAGAIN) {
-			/* Blocks freed by this transaction come back at its commit. */
+			/* Freed blocks come back within two commits. */
 			dd_wait_for_frees(dc, b);
 			decision[i] = DD_PARKED;
 			continue;

@@ -509,6 +509,8 @@ static void dd_md_test_map_reopen(struct kunit *test)
 
 	md = dd_test_md_open(test, bdev, cfg);
 	st2 = dd_test_stats(md);
+	/* the load writes the state it loaded once more, as the next id */
+	st.transaction_id++;
 	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
 	dd_test_expect_map(test, md, 0, 0);
 	dd_test_expect_map(test, md, 500, 0);
@@ -528,9 +530,9 @@ static void dd_md_test_map_reopen(struct kunit *test)
 }
 
 /*
- * A block whose last reference goes stays allocated until the commit,
- * even when the data device is full; then it becomes reusable and the
- * target hears about it.
+ * A block whose last reference goes stays allocated until the commit
+ * after the one that freed it, even when the data device is full; then
+ * it becomes reusable and the target hears about it.
  */
 static void dd_md_test_free_after_commit(struct kunit *test)
 {
@@ -561,12 +563,27 @@ static void dd_md_test_free_after_commit(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).zero_writes, 1);
 	KUNIT_EXPECT_EQ(test, ev->reusable, 0);
 
+	/*
+	 * Committed, but the commit in the other superblock slot still maps
+	 * lba 0 to the block: it cools until one more commit, which the
+	 * device asks for although nothing else changed.
+	 */
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_EXPECT_EQ(test, ev->reusable, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_data_reusable_at_commit(md), 1);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).pending_free, 1);
+	KUNIT_EXPECT_TRUE(test, dd_md_dirty(md));
+
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_ASSERT_EQ(test, ev->reusable, 1);
 	KUNIT_EXPECT_EQ(test, ev->reusable_begin[0], 0);
 	KUNIT_EXPECT_EQ(test, ev->reusable_end[0], 1);
-	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_data_reusable_at_commit(md), 0);
 	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 1);
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
 
 	/* an overwrite: the new block comes from the freed one */
 	pba = dd_test_write(test, md, 1, 50);
@@ -575,6 +592,8 @@ static void dd_md_test_free_after_commit(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, ev->freed_pba[1], 1);
 	dd_test_expect_map(test, md, 1, 0);
 	dd_test_expect_fp(test, md, 0, 50);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, ev->reusable, 2);
@@ -754,7 +773,7 @@ static void dd_md_test_abort(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used,
 			st.metadata_used);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id,
-			st.transaction_id);
+			st.transaction_id + 1);
 }
 
 /*
@@ -886,6 +905,9 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, dd_test_map_zero(test, md, 0), 0);
 	KUNIT_ASSERT_EQ(test, ev->freed, 1);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	/* the second commit, which the first asks for, makes it free */
+	KUNIT_ASSERT_TRUE(test, dd_md_dirty(md));
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_ASSERT_FALSE(test, dd_md_dirty(md));
 	st = dd_test_stats(md);
 
@@ -916,9 +938,9 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 }
 
 /*
- * Allocation says why nothing is free: -EAGAIN when the running
- * transaction freed blocks that its commit gives back (the target waits
- * for it), -ENOSPC when nothing will come back (the write fails).
+ * Allocation says why nothing is free: -EAGAIN when freed blocks come
+ * back at the next commit or the one after (the target waits for them),
+ * -ENOSPC when nothing will come back (the write fails).
  */
 static void dd_md_test_alloc_data(struct kunit *test)
 {
@@ -953,6 +975,8 @@ static void dd_md_test_alloc_data(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_md_pending_data_frees(md), 1);
 	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
 	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	left = U64_MAX;
@@ -1236,6 +1260,7 @@ static void dd_md_test_zero_fingerprint(struct kunit *test)
 /*
  * Generations alternate between the slots; a damaged newest superblock
  * leaves the previous commit, whose blocks nothing has overwritten yet.
+ * The load writes that state to the damaged slot as the next generation.
  */
 static void dd_md_test_superblock_fallback(struct kunit *test)
 {
@@ -1257,13 +1282,17 @@ static void dd_md_test_superblock_fallback(struct kunit *test)
 
 	dd_test_flip_bit(test, bdev, 1, 150, 3);
 	md = dd_test_md_open(test, bdev, cfg);
-	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
 	dd_test_expect_map(test, md, 0, 0);
 	dd_test_expect_unmapped(test, md, 1);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
 	dd_test_md_close(test, md);
+	KUNIT_EXPECT_EQ(test, dd_test_sb_slot(test, bdev, raw), 1);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + 16), 3);
+	KUNIT_EXPECT_TRUE(test, dd_block_csum_ok(raw));
 
 	dd_test_flip_bit(test, bdev, 0, 4000, 0);
+	dd_test_flip_bit(test, bdev, 1, 4000, 0);
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
 	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "no valid superblock"));
 }
@@ -1373,7 +1402,7 @@ static void dd_md_test_commit_churn(struct kunit *test)
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	u64 *pba = kunit_kcalloc(test, nr_lba, sizeof(u64), GFP_KERNEL);
 	u64 *seed = kunit_kcalloc(test, nr_lba, sizeof(u64), GFP_KERNEL);
-	u64 used = 0, lba;
+	u64 used = 0, lba, txn;
 	unsigned int i, pass;
 
 	KUNIT_ASSERT_NOT_NULL(test, pba);
@@ -1387,6 +1416,9 @@ static void dd_md_test_commit_churn(struct kunit *test)
 		if (i == 1000)
 			used = dd_test_stats(md).metadata_used;
 	}
+	/* the last commit's frees come back at the one after it */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, nr_lba + 1);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	/*
 	 * By then every LBA is mapped and the data allocator has been round
 	 * once, so every leaf exists: overwrites take no more space.
@@ -1402,11 +1434,13 @@ static void dd_md_test_commit_churn(struct kunit *test)
 			KUNIT_EXPECT_EQ(test,
 					dd_test_refcount(test, md, pba[i]), 1);
 		}
+		txn = dd_test_stats(md).transaction_id;
 		dd_test_md_close(test, md);
 		md = dd_test_md_open(test, bdev, cfg);
 		KUNIT_EXPECT_EQ(test, dd_test_stats(md).metadata_used, used);
-		KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id,
-				commits + 1);
+		/* format, the commits, the one more, a load's each */
+		KUNIT_EXPECT_EQ(test, txn, commits + 2 + pass);
+		KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, txn + 1);
 	}
 }
 

@@ -281,6 +281,26 @@ static int dd_activate(struct dd_metadata *md, char **error)
 	return 0;
 }
 
+/*
+ * Write the loaded state again, as the next generation, so that both
+ * slots name it. The other slot may hold the state before it, which can
+ * reference data blocks that the loaded one freed; those are free from
+ * now on, so that state must stop being a fallback before any of them is
+ * reused (see dedup-space.h). A damaged other slot is rewritten too. Not
+ * at DD_MAX_TXN, the last generation that loads: one more would make the
+ * device unloadable before anything was written to it.
+ */
+static int dd_commit_loaded(struct dd_metadata *md, char **error)
+{
+	int r;
+
+	md->dirty = true;
+	r = dd_md_commit(md, NULL, NULL);
+	if (r)
+		*error = "cannot write the superblock";
+	return r;
+}
+
 int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	       struct dd_metadata **mdp, char **error)
 {
@@ -308,6 +328,8 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	r = md->leaf_buf ? 0 : -ENOMEM;
 	if (!r)
 		r = dd_space_init(&md->data, cfg->data_blocks, 0);
+	if (!r)
+		r = dd_space_cool_frees(&md->data);
 	if (!r && cfg->hold_frees)
 		r = dd_space_hold_frees(&md->data);
 	if (!r)
@@ -361,6 +383,9 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		r = dd_check_sb(md, error);
 		if (!r && !cfg->identity_only)
 			r = dd_activate(md, error);
+		if (!r && !cfg->identity_only && !md->read_only &&
+		    le64_to_cpu(md->sb.hdr.txn) < DD_MAX_TXN)
+			r = dd_commit_loaded(md, error);
 		if (r)
 			goto bad;
 	}
@@ -537,7 +562,7 @@ int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 		return -EROFS;
 	mutex_lock(&md->data_lock);
 	r = dd_space_alloc_run(&md->data, want, first, len);
-	if (r == -ENOSPC && (md->data.nr_pending || md->data.nr_held))
+	if (r == -ENOSPC && dd_space_frees_to_come(&md->data))
 		r = -EAGAIN;
 	else if (!r)
 		*free_left = dd_space_free_blocks(&md->data);
@@ -838,10 +863,23 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 /* ------------------------------------------------------------------ */
 /* commit */
 
+/* One count of the data allocator, read under its lock. */
+static u64 dd_data_count(struct dd_metadata *md, const u64 *count)
+{
+	u64 n;
+
+	mutex_lock(&md->data_lock);
+	n = *count;
+	mutex_unlock(&md->data_lock);
+	return n;
+}
+
 /* Exact only while the caller keeps changes out (a commit does). */
 bool dd_md_dirty(struct dd_metadata *md)
 {
-	return READ_ONCE(md->dirty);
+	if (READ_ONCE(md->read_only))
+		return false;	/* nothing more is committed, see dd_abort() */
+	return READ_ONCE(md->dirty) || dd_data_count(md, &md->data.nr_cooling);
 }
 
 /*
@@ -880,7 +918,8 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 		r = -EROFS;
 		goto out;
 	}
-	if (!md->dirty)
+	/* nr_cooling changes only here, under md->lock held exclusive. */
+	if (!md->dirty && !md->data.nr_cooling)
 		goto out;
 	r = dd_bm_write_all(md->bm);
 	if (!r) {
@@ -973,7 +1012,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	mutex_lock(&md->data_lock);
 	st->data_used = md->data.nr_used;
 	st->data_total = md->data.nr_blocks;
-	st->pending_free = md->data.nr_pending + md->data.nr_held;
+	st->pending_free = dd_space_frees_to_come(&md->data);
 	mutex_unlock(&md->data_lock);
 	st->data_live = md->live;
 	st->mapped = md->mapped;
@@ -994,12 +1033,12 @@ u64 dd_md_free_data_blocks(struct dd_metadata *md)
 	return n;
 }
 
+u64 dd_md_data_reusable_at_commit(struct dd_metadata *md)
+{
+	return dd_data_count(md, &md->data.nr_cooling);
+}
+
 u64 dd_md_pending_data_frees(struct dd_metadata *md)
 {
-	u64 n;
-
-	mutex_lock(&md->data_lock);
-	n = md->data.nr_pending;
-	mutex_unlock(&md->data_lock);
-	return n;
+	return dd_data_count(md, &md->data.nr_pending);
 }

@@ -98,8 +98,8 @@ int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp);
 /*
  * A free data block for new content. 0: *pba is allocated and *free_left is
  * the number of free data blocks left. -ENOSPC: none free. -EAGAIN: none free
- * now, but blocks freed by the running transaction come back at its commit.
- * -EROFS when read-only.
+ * now, but freed blocks come back at the next commit or the one after it
+ * (see dedup-space.h). -EROFS when read-only.
  */
 int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left);
 /*
@@ -182,10 +182,18 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx);
 void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
 			void *ctx);
 void dd_md_abort(struct dd_metadata *md);
+/*
+ * Is a commit due? Also after a commit that freed data blocks: they are
+ * reused only after one more commit (see dedup-space.h), which this
+ * one asks for even when nothing else changed.
+ */
 bool dd_md_dirty(struct dd_metadata *md);
 int dd_md_writeback_error(struct dd_metadata *md);
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st);
 u64 dd_md_free_data_blocks(struct dd_metadata *md);
+/* Data blocks freed in the running transaction. */
 u64 dd_md_pending_data_frees(struct dd_metadata *md);
+/* Data blocks that the next commit makes reusable (or held). */
+u64 dd_md_data_reusable_at_commit(struct dd_metadata *md);
 
 #endif

@@ -349,6 +349,64 @@ static void dd_space_test_hold_frees(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, s->nr_held, 1ULL);
 }
 
+/*
+ * An allocator that cools frees reuses a block released in transaction T
+ * only after T + 1 has committed: the older superblock slot still names
+ * T - 1, which may reference it. Frees of T + 1 cool in their turn, and
+ * held frees (discard passdown) are held only once they are past cooling.
+ */
+static void dd_space_test_cool_frees(struct kunit *test)
+{
+	struct dd_space *s = dd_test_space(test, 8, 0);
+	struct dd_test_runs runs = {};
+	u64 b, e, i;
+
+	KUNIT_ASSERT_EQ(test, dd_space_cool_frees(s), 0);
+	for (i = 0; i < 8; i++)
+		dd_test_alloc(test, s);
+	dd_space_release(s, 2);
+	dd_space_release(s, 3);
+	KUNIT_EXPECT_EQ(test, dd_space_frees_to_come(s), 2ULL);
+	dd_space_commit(s, dd_test_record, &runs);		/* T */
+	KUNIT_EXPECT_EQ(test, runs.n, 0U);
+	KUNIT_EXPECT_EQ(test, s->nr_pending, 0ULL);
+	KUNIT_EXPECT_EQ(test, s->nr_cooling, 2ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_frees_to_come(s), 2ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_alloc(s, &b), -ENOSPC);
+
+	dd_space_release(s, 6);					/* in T + 1 */
+	dd_space_commit(s, dd_test_record, &runs);		/* T + 1 */
+	KUNIT_ASSERT_EQ(test, runs.n, 1U);
+	KUNIT_EXPECT_EQ(test, runs.begin[0], 2ULL);
+	KUNIT_EXPECT_EQ(test, runs.end[0], 4ULL);
+	KUNIT_EXPECT_EQ(test, s->nr_cooling, 1ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_free_blocks(s), 2ULL);
+	KUNIT_EXPECT_TRUE(test, dd_space_is_used(s, 6));
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, s), 2ULL);
+
+	dd_space_commit(s, dd_test_record, &runs);		/* T + 2: nothing new */
+	KUNIT_ASSERT_EQ(test, runs.n, 2U);
+	KUNIT_EXPECT_EQ(test, runs.begin[1], 6ULL);
+	KUNIT_EXPECT_EQ(test, s->nr_cooling, 0ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_frees_to_come(s), 0ULL);
+	dd_space_commit(s, dd_test_record, &runs);
+	KUNIT_EXPECT_EQ(test, runs.n, 2U);
+
+	/* With held frees: cooling first, then held until released. */
+	KUNIT_ASSERT_EQ(test, dd_space_hold_frees(s), 0);
+	dd_space_release(s, 0);
+	dd_space_commit(s, NULL, NULL);
+	KUNIT_EXPECT_EQ(test, s->nr_held, 0ULL);
+	KUNIT_EXPECT_EQ(test, s->nr_cooling, 1ULL);
+	dd_space_commit(s, NULL, NULL);
+	KUNIT_EXPECT_EQ(test, s->nr_held, 1ULL);
+	KUNIT_EXPECT_EQ(test, dd_space_frees_to_come(s), 1ULL);
+	KUNIT_ASSERT_TRUE(test, dd_space_held_run(s, 0, &b, &e));
+	KUNIT_EXPECT_EQ(test, b, 0ULL);
+	dd_space_release_held(s, b, e);
+	KUNIT_EXPECT_FALSE(test, dd_space_is_used(s, 0));
+}
+
 static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_init_bounds),
 	KUNIT_CASE(dd_space_test_alloc_in_order),
@@ -361,6 +419,7 @@ static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_alloc_run),
 	KUNIT_CASE(dd_space_test_large),
 	KUNIT_CASE(dd_space_test_hold_frees),
+	KUNIT_CASE(dd_space_test_cool_frees),
 	{}
 };
 

@@ -39,10 +39,19 @@ void dd_space_exit(struct dd_space *s)
 {
 	kvfree(s->used);
 	kvfree(s->pending);
+	kvfree(s->cooling);
 	kvfree(s->held);
 	s->used = NULL;
 	s->pending = NULL;
+	s->cooling = NULL;
 	s->held = NULL;
+}
+
+/* From now on a free waits one more commit; see dedup-space.h. */
+int dd_space_cool_frees(struct dd_space *s)
+{
+	s->cooling = bitmap_kvzalloc(s->nr_blocks);
+	return s->cooling ? 0 : -ENOMEM;
 }
 
 /* From now on a commit holds the frees; see dedup-space.h. */
@@ -137,39 +146,57 @@ void dd_space_free_now(struct dd_space *s, u64 block)
 	if (WARN_ON_ONCE(!dd_space_is_used(s, block) || block < s->first))
 		return;
 	if (test_bit(block, s->pending))
-		return;	/* already on its way out at the next commit */
+		return;	/* already on its way out */
+	/* Referenced by the commit before the last: never handed out. */
+	if (WARN_ON_ONCE(s->cooling && test_bit(block, s->cooling)))
+		return;
 	__clear_bit(block, s->used);
 	s->nr_used--;
 }
 
+/* Blocks [b, e) are no longer referenced by any state a load may use. */
+static void dd_space_reusable(struct dd_space *s, unsigned long b,
+			      unsigned long e,
+			      void (*freed)(void *ctx, u64 begin, u64 end),
+			      void *ctx)
+{
+	if (s->held) {
+		bitmap_set(s->held, b, e - b);
+		s->nr_held += e - b;
+		return;
+	}
+	bitmap_clear(s->used, b, e - b);
+	s->nr_used -= e - b;
+	if (freed)
+		freed(ctx, b, e);
+}
+
 /*
- * The transaction is on disk: pending frees become free, or held if the
- * allocator holds them. @freed, if given, receives each run [begin, end)
- * of blocks that just became free.
+ * The transaction is on disk. Frees it made become free (or held, if
+ * the allocator holds them) unless the allocator cools them: then the
+ * frees of the transaction before it do, and its own cool until the next
+ * commit. @freed, if given, receives each run [begin, end) of blocks that
+ * just became free.
  */
 void dd_space_commit(struct dd_space *s,
 		     void (*freed)(void *ctx, u64 begin, u64 end), void *ctx)
 {
+	unsigned long *ready = s->cooling ? s->cooling : s->pending;
 	unsigned long b, e;
 
-	if (!s->nr_pending)
+	if (!s->nr_pending && !s->nr_cooling)
 		return;
-	for (b = find_first_bit(s->pending, s->nr_blocks); b < s->nr_blocks;
-	     b = find_next_bit(s->pending, s->nr_blocks, e)) {
-		e = find_next_zero_bit(s->pending, s->nr_blocks, b);
-		bitmap_clear(s->pending, b, e - b);
-		if (s->held) {
-			bitmap_set(s->held, b, e - b);
-			continue;
-		}
-		bitmap_clear(s->used, b, e - b);
-		if (freed)
-			freed(ctx, b, e);
+	for (b = find_first_bit(ready, s->nr_blocks); b < s->nr_blocks;
+	     b = find_next_bit(ready, s->nr_blocks, e)) {
+		e = find_next_zero_bit(ready, s->nr_blocks, b);
+		bitmap_clear(ready, b, e - b);
+		dd_space_reusable(s, b, e, freed, ctx);
 	}
-	if (s->held)
-		s->nr_held += s->nr_pending;
-	else
-		s->nr_used -= s->nr_pending;
+	if (s->cooling) {
+		/* Now all clear: the pending map becomes the cooling one. */
+		s->cooling = s->pending;
+		s->pending = ready;
+		s->nr_cooling = s->nr_pending;
+	}
 	s->nr_pending = 0;
 }
-

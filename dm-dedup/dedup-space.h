@@ -8,6 +8,15 @@
  * transaction commits. That is what makes a crash land on either the old
  * or the new content of a block, never on somebody else's.
  *
+ * An allocator that cools frees (dd_space_cool_frees) keeps them one
+ * commit longer ("cooling"): a block freed in transaction T is reused
+ * only after T + 1 has committed. Until then the superblock slot that T
+ * did not overwrite still describes T - 1, which may reference the block;
+ * should T's slot be damaged later on the medium, the device falls back
+ * to T - 1 and must find the block's content unchanged. Data blocks cool;
+ * metadata blocks need not, because every metadata block names the
+ * transaction that wrote it, so a reused one is refused, never misread.
+ *
  * An allocator that holds frees (dd_space_hold_frees) keeps them
  * allocated past the commit too, "held", until its owner has discarded
  * them on the device and releases them: a discard still in flight must
@@ -21,10 +30,12 @@
 struct dd_space {
 	unsigned long *used;	/* allocated, or pending free */
 	unsigned long *pending;	/* released in the running transaction */
+	unsigned long *cooling;	/* released in the last committed one, or NULL */
 	unsigned long *held;	/* committed frees not released yet, or NULL */
 	u64 nr_blocks;
-	u64 nr_used;		/* includes pending */
+	u64 nr_used;		/* includes pending, cooling and held */
 	u64 nr_pending;
+	u64 nr_cooling;
 	u64 nr_held;
 	u64 cursor;		/* next-fit start, keeps writes sequential */
 	u64 first;		/* blocks below this are never handed out */
@@ -40,6 +51,7 @@ void dd_space_release(struct dd_space *s, u64 block);
 void dd_space_free_now(struct dd_space *s, u64 block);
 void dd_space_commit(struct dd_space *s,
 		     void (*freed)(void *ctx, u64 begin, u64 end), void *ctx);
+int dd_space_cool_frees(struct dd_space *s);
 int dd_space_hold_frees(struct dd_space *s);
 bool dd_space_held_run(const struct dd_space *s, u64 from, u64 *begin,
 		       u64 *end);
@@ -48,6 +60,12 @@ void dd_space_release_held(struct dd_space *s, u64 begin, u64 end);
 static inline u64 dd_space_free_blocks(const struct dd_space *s)
 {
 	return s->nr_blocks - s->nr_used;
+}
+
+/* Blocks that come back free at a later commit (or discard). */
+static inline u64 dd_space_frees_to_come(const struct dd_space *s)
+{
+	return s->nr_pending + s->nr_cooling + s->nr_held;
 }
 
 static inline bool dd_space_is_used(const struct dd_space *s, u64 block)

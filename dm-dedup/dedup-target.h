@@ -223,6 +223,7 @@ void dd_commit_init(struct dedup_c *dc);
 void dd_commit_start(struct dedup_c *dc);
 void dd_commit_stop(struct dedup_c *dc);
 int dd_commit(struct dedup_c *dc);
+int dd_commit_settled(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
 u64 dd_flush_ticket(struct dedup_c *dc);

@@ -165,7 +165,7 @@ static int dedup_message(struct dm_target *ti, unsigned int argc, char **argv,
 	if (argc == 1 && !strcasecmp(argv[0], "stats"))
 		return dd_message_stats(dc, result, maxlen);
 	if (argc == 1 && !strcasecmp(argv[0], "commit"))
-		return dd_commit(dc);
+		return dd_commit_settled(dc);
 	DMERR("%s: unknown message (expected: stats, commit)", dd_name(dc));
 	return -EINVAL;
 }
@@ -200,7 +200,12 @@ static void dedup_postsuspend(struct dm_target *ti)
 	if (!dc->md)
 		return;
 	dd_commit_stop(dc);
-	dd_commit(dc);
+	/*
+	 * Settled: no block left cooling, so nothing is dirty and the
+	 * destructor, which may run after a reloaded table has taken over
+	 * the metadata, has nothing left to commit.
+	 */
+	dd_commit_settled(dc);
 }
 
 static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,

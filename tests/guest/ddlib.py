@@ -547,9 +547,10 @@ def digest(b):
 class BlockDev:
     """O_DIRECT block I/O, 4 KiB aligned, with an mmap (page aligned) buffer."""
 
-    def __init__(self, path, flags=0):
+    def __init__(self, path, flags=0, readonly=False):
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_DIRECT | flags)
+        self.fd = os.open(path, (os.O_RDONLY if readonly else os.O_RDWR) | os.O_DIRECT |
+                          flags)
         self.buf = mmap.mmap(-1, BLOCK)
         self.big = None
 

@@ -181,6 +181,8 @@ def test_discard_passdown_discards_freed_blocks_only(make_dedup, seed):
             ddlib.discard(dev.path, 0, 8)                # still shared by 100..107
             ddlib.discard(dev.path, 200, 8)              # the only copy
             b.fsync()
+            # Freed by that commit, reusable (and discarded) at the next.
+            b.fsync()
             for _ in range(100):
                 if stat(dev, "discard_passdown_blocks") - passed0 >= 8:
                     break

@@ -143,7 +143,8 @@ static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 		return freed(m, dd_md_map_duplicate(md, lba, pba, fp, f), f);
 	}
 	r = dd_md_alloc_data(md, &pba, &left);
-	if (r == -EAGAIN) {
+	/* A freed block is reusable after the second commit. */
+	for (int i = 0; i < 2 && r == -EAGAIN; i++) {
 		r = dd_md_commit(md, NULL, NULL);
 		if (!r)
 			r = dd_md_alloc_data(md, &pba, &left);

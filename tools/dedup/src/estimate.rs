@@ -323,7 +323,9 @@ pub fn target_needs(logical_blocks: u64, data_blocks: u64) -> TargetNeeds {
     let data = data_blocks.max(1);
     let index_bytes = (data + data / 4 + 16) * 8;
     let metadata_blocks = required_blocks(logical_blocks, data);
-    let bitmap_bytes = 2 * data.div_ceil(64) * 8 + 2 * metadata_blocks.div_ceil(64) * 8;
+    // used, pending and cooling for data blocks; used and pending for
+    // metadata blocks (Documentation/dm-dedup.rst, "Memory")
+    let bitmap_bytes = 3 * data.div_ceil(64) * 8 + 2 * metadata_blocks.div_ceil(64) * 8;
     TargetNeeds {
         logical_blocks,
         data_blocks,
@@ -705,7 +707,7 @@ mod tests {
         assert_eq!(t.metadata_blocks, required_blocks(1 << 20, 1 << 18));
         assert_eq!(
             t.bitmap_bytes,
-            2 * (1 << 12) * 8 + 2 * t.metadata_blocks.div_ceil(64) * 8
+            3 * (1 << 12) * 8 + 2 * t.metadata_blocks.div_ceil(64) * 8
         );
         assert_eq!(t.ram_bytes, t.index_bytes + t.bitmap_bytes);
     }
