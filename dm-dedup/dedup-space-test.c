@@ -33,6 +33,13 @@ static u64 dd_test_alloc(struct kunit *test, struct dd_space *s)
 	return b;
 }
 
+/* Every free block allocated, in order: a full device. */
+static void dd_test_fill(struct kunit *test, struct dd_space *s)
+{
+	while (dd_space_free_blocks(s))
+		dd_test_alloc(test, s);
+}
+
 /* Records what dd_space_commit() reports as freed. */
 struct dd_test_runs {
 	unsigned int n;
@@ -141,10 +148,9 @@ static void dd_space_test_release_waits_for_commit(struct kunit *test)
 {
 	struct dd_space *s = dd_test_space(test, 8, 2);
 	struct dd_test_runs runs = {};
-	u64 i, b;
+	u64 b;
 
-	for (i = 2; i < 8; i++)
-		dd_test_alloc(test, s);
+	dd_test_fill(test, s);
 	dd_space_release(s, 4);
 	dd_space_release(s, 4);	/* counted once */
 	dd_space_release(s, 7);
@@ -182,8 +188,7 @@ static void dd_space_test_commit_runs(struct kunit *test)
 	struct dd_test_runs runs = {};
 	u64 i;
 
-	for (i = 1; i < 130; i++)
-		dd_test_alloc(test, s);
+	dd_test_fill(test, s);
 	/* 63..65 straddles the first bitmap word boundary */
 	for (i = 63; i <= 65; i++)
 		dd_space_release(s, i);
@@ -216,8 +221,7 @@ static void dd_space_test_free_now_of_pending(struct kunit *test)
 	struct dd_space *s = dd_test_space(test, 4, 0);
 	u64 b;
 
-	for (b = 0; b < 4; b++)
-		dd_test_alloc(test, s);
+	dd_test_fill(test, s);
 	dd_space_release(s, 0);
 	dd_space_free_now(s, 0);
 	KUNIT_EXPECT_TRUE(test, dd_space_is_used(s, 0));
@@ -316,11 +320,10 @@ static void dd_space_test_hold_frees(struct kunit *test)
 {
 	struct dd_space *s = dd_test_space(test, 8, 0);
 	struct dd_test_runs runs = {};
-	u64 b, e, i;
+	u64 b, e;
 
 	KUNIT_ASSERT_EQ(test, dd_space_hold_frees(s), 0);
-	for (i = 0; i < 8; i++)
-		dd_test_alloc(test, s);
+	dd_test_fill(test, s);
 	dd_space_release(s, 2);
 	dd_space_release(s, 3);
 	dd_space_release(s, 6);
@@ -359,11 +362,10 @@ static void dd_space_test_cool_frees(struct kunit *test)
 {
 	struct dd_space *s = dd_test_space(test, 8, 0);
 	struct dd_test_runs runs = {};
-	u64 b, e, i;
+	u64 b, e;
 
 	KUNIT_ASSERT_EQ(test, dd_space_cool_frees(s), 0);
-	for (i = 0; i < 8; i++)
-		dd_test_alloc(test, s);
+	dd_test_fill(test, s);
 	dd_space_release(s, 2);
 	dd_space_release(s, 3);
 	KUNIT_EXPECT_EQ(test, dd_space_frees_to_come(s), 2ULL);

@@ -10,7 +10,7 @@ devices included: an I/O trace of a test must show only the test's I/O.
 import os
 
 import ddlib
-from ddlib import MIB, run
+from ddlib import run
 
 _seq = 0
 
@@ -57,9 +57,6 @@ class VolumeGroup:
             devices=self.pv)
         ddlib.udev_settle()
         return ddlib.device_bytes("/dev/%s/%s" % (self.name, name))
-
-    def size_mib(self, name):
-        return ddlib.device_bytes("/dev/%s/%s" % (self.name, name)) // MIB
 
     def remove(self):
         """Remove every volume, the group and the label; returns errors."""
