@@ -466,6 +466,67 @@ static void dd_array_test_read_leaf(struct kunit *test)
 	}
 }
 
+/*
+ * Growing keeps every entry where it was, through new roots whose child 0
+ * is the old tree, and the tree reaches the new end; an empty array only
+ * changes its shape.
+ */
+static void dd_array_test_grow(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_bm *bm = dd_test_bm_create(test, bdev, DD_TEST_DEV_BLOCKS);
+	const u64 big = 508ULL * 508 * 508 + 1;
+	struct dd_array a, empty;
+	u64 root0, used;
+
+	bm->txn = 1;
+	dd_array_init(&a, bm, DD_ARRAY_MAP, 8, 100, 0);
+	dd_test_set(test, &a, 0);
+	dd_test_set(test, &a, 99);
+	dd_test_bm_commit(test, bm);
+	root0 = a.root;
+	used = bm->space.nr_used;
+
+	KUNIT_EXPECT_EQ(test, dd_array_grow(&a, 99), -EINVAL);
+	KUNIT_ASSERT_EQ(test, dd_array_grow(&a, 508), 0);
+	KUNIT_EXPECT_EQ(test, a.height, 0);
+	KUNIT_EXPECT_EQ(test, a.root, root0);
+	KUNIT_ASSERT_EQ(test, dd_array_grow(&a, big), 0);
+	KUNIT_EXPECT_EQ(test, a.height, 3);
+	KUNIT_EXPECT_EQ(test, a.nr_entries, big);
+	/* three new roots; the committed leaf is not copied */
+	KUNIT_EXPECT_EQ(test, bm->space.nr_used, used + 3);
+	dd_test_expect(test, &a, 0, true);
+	dd_test_expect(test, &a, 99, true);
+	dd_test_expect(test, &a, 100, false);
+	dd_test_expect(test, &a, big - 1, false);
+	dd_test_set(test, &a, big - 1);
+	dd_test_set(test, &a, 508);
+	dd_test_expect(test, &a, big - 1, true);
+	dd_test_expect(test, &a, 508, true);
+	dd_test_expect(test, &a, 99, true);
+
+	dd_array_init(&empty, bm, DD_ARRAY_REFCOUNT, 4, 10, 0);
+	KUNIT_ASSERT_EQ(test, dd_array_grow(&empty, 5000), 0);
+	KUNIT_EXPECT_EQ(test, empty.root, 0);
+	KUNIT_EXPECT_EQ(test, empty.height, 1);
+	dd_test_set(test, &empty, 4999);
+	dd_test_expect(test, &empty, 4999, true);
+
+	/* as the next activation sees it: a well-formed tree of the new size */
+	dd_test_bm_commit(test, bm);
+	root0 = a.root;
+	dd_test_bm_destroy(test, bm);
+	bm = dd_test_bm_create(test, bdev, DD_TEST_DEV_BLOCKS);
+	bm->txn = 3;
+	dd_array_init(&a, bm, DD_ARRAY_MAP, 8, big, root0);
+	KUNIT_EXPECT_EQ(test, dd_array_walk(&a, NULL, NULL), 0);
+	KUNIT_EXPECT_EQ(test, bm->space.nr_used, DD_FIRST_TREE_BLOCK + 3 + 1 + 4);
+	dd_test_expect(test, &a, 0, true);
+	dd_test_expect(test, &a, 508, true);
+	dd_test_expect(test, &a, big - 1, true);
+}
+
 /* A lookup that must not sleep fails instead of reading the device. */
 static void dd_array_test_lookup_nowait(struct kunit *test)
 {
@@ -500,6 +561,7 @@ static struct kunit_case dd_array_cases[] = {
 	KUNIT_CASE(dd_array_test_next_leaf),
 	KUNIT_CASE(dd_array_test_read_leaf),
 	KUNIT_CASE(dd_array_test_lookup_nowait),
+	KUNIT_CASE(dd_array_test_grow),
 	{}
 };
 

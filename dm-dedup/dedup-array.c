@@ -212,6 +212,37 @@ int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
 	return 0;
 }
 
+/*
+ * The height follows from the size, so a grown array may need a taller
+ * tree: each new level is a root whose child 0 is the old root. A leaf
+ * keeps its number and its path below the new levels, and the entries
+ * past the old end read as zero, as they did in the old last leaf.
+ */
+int dd_array_grow(struct dd_array *a, u64 nr_entries)
+{
+	struct dd_block_kind kind;
+	struct dd_array grown;
+	struct dd_block blk;
+	int r;
+
+	if (nr_entries < a->nr_entries)
+		return -EINVAL;
+	dd_array_init(&grown, a->bm, a->id, a->entry_size, nr_entries, a->root);
+	while (a->root && a->height < grown.height) {
+		dd_kind(a, a->height + 1, &kind);
+		r = dd_bm_new(a->bm, &kind, &blk);
+		if (r)
+			return r;
+		dd_children(&blk)[0] = cpu_to_le64(a->root);
+		a->root = blk.nr;
+		a->height++;
+		dd_bm_release_dirty(&blk);
+	}
+	a->nr_entries = nr_entries;
+	a->height = grown.height;
+	return 0;
+}
+
 static u64 dd_leaves_below(u8 level)
 {
 	u64 n = 1;

@@ -57,6 +57,9 @@ void dd_metadata_error(struct dedup_c *dc, const char *what, int r)
 	lockdep_assert_held(&dc->lock);
 	dd_degrade(dc, dd_error_mode(r), what, r);
 	dd_md_abort(dc->md);
+	/* The flag's superblock write waits for the lock we hold. */
+	if (READ_ONCE(dc->mode) == DD_MODE_NEEDS_CHECK)
+		queue_work(dc->commit_wq, &dc->abort_work);
 }
 
 /*
@@ -68,10 +71,26 @@ void dd_metadata_error(struct dedup_c *dc, const char *what, int r)
 static void dd_abort_work(struct work_struct *w)
 {
 	struct dedup_c *dc = container_of(w, struct dedup_c, abort_work);
+	int r;
 
 	down_write(&dc->lock);
-	dd_md_abort(dc->md);
+	if (READ_ONCE(dc->mode) != DD_MODE_NEEDS_CHECK || dd_md_needs_check(dc->md)) {
+		dd_md_abort(dc->md);
+		up_write(&dc->lock);
+		return;
+	}
+	/*
+	 * Damage stays damage after a reload or a reboot: record it, so
+	 * that the device is not used read-write again before it is checked.
+	 */
+	r = dd_md_flag_needs_check(dc->md);
 	up_write(&dc->lock);
+	if (r)
+		DMERR("%s: cannot record needs_check in the superblock (error %d)",
+		      dd_name(dc), r);
+	else if (dd_md_needs_check(dc->md))
+		DMERR("%s: needs_check saved in the superblock: read-only until checked",
+		      dd_name(dc));
 }
 
 void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r)

@@ -41,6 +41,14 @@ enum dd_array_id {
 	DD_ARRAY_FINGERPRINT = 3,	/* PBA -> fingerprint of its content */
 };
 
+/*
+ * Superblock flags. NEEDS_CHECK: the kernel found the metadata damaged;
+ * it opens read-only until `dedup check --clear-needs-check` or `dedup
+ * repair` clears the flag. Any other bit is refused.
+ */
+#define DD_SB_NEEDS_CHECK	0x1U
+#define DD_SB_KNOWN_FLAGS	DD_SB_NEEDS_CHECK
+
 #define DD_FP_SIZE		32	/* bytes of fingerprint kept per block */
 #define DD_HASH_NAME_LEN	32
 

@@ -13,6 +13,7 @@
 
 /* Byte offsets in the superblock, from Documentation/dedup-format.rst. */
 #define DD_SB_OFF_VERSION	40
+#define DD_SB_OFF_FLAGS		108
 #define DD_SB_OFF_MAP_ROOT	112
 #define DD_SB_OFF_REFCOUNT_ROOT	120
 #define DD_SB_OFF_MAPPED	136
@@ -409,13 +410,22 @@ static void dd_md_test_identity(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_md_close(test, md);
 
-	cfg->logical_blocks = 1001;
+	/* a larger table grows the device (dd_md_test_grow); a smaller one */
+	cfg->logical_blocks = 999;
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
 	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "logical_blocks"));
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "cannot shrink"));
 	cfg->logical_blocks = 1000;
 	cfg->data_blocks = 99;
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
 	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "data_blocks"));
+	cfg->data_blocks = 100;
+	/* read_only never writes, so it cannot grow */
+	cfg->read_only = true;
+	cfg->data_blocks = 101;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "read-only"));
+	cfg->read_only = false;
 	cfg->data_blocks = 100;
 	cfg->hash_name = "sha512";
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
@@ -1208,6 +1218,141 @@ static void dd_md_test_tall_map(struct kunit *test)
 }
 
 /*
+ * A larger table grows the committed device in place: the map from two
+ * leaves to a tree two levels tall, refcounts and fingerprints from one
+ * leaf to several. What was stored stays, the new blocks are allocated
+ * and mapped, and the grown sizes are what the next open finds.
+ */
+static void dd_md_test_grow(struct kunit *test)
+{
+	const u64 logical = 508 * 508 + 1, data = 2000;
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 8);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_md_stats st;
+	const char *error;
+	u64 pba, last, i;
+
+	pba = dd_test_write(test, md, 999, 1);
+	dd_test_share(test, md, 0, pba);
+	for (i = 1; i < 8; i++)
+		dd_test_write(test, md, i, 10 + i);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_md_close(test, md);
+
+	cfg->logical_blocks = logical;
+	cfg->data_blocks = data;
+	md = dd_test_md_open(test, bdev, cfg);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.data_total, data);
+	KUNIT_EXPECT_EQ(test, st.data_live, 8);
+	KUNIT_EXPECT_EQ(test, st.mapped, 9);
+	KUNIT_EXPECT_FALSE(test, dd_md_dirty(md));
+	dd_test_expect_map(test, md, 999, pba);
+	dd_test_expect_map(test, md, 0, pba);
+	dd_test_expect_fp(test, md, 7, 17);
+	dd_test_expect_unmapped(test, md, logical - 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, data - 1), 0);
+
+	/* every new data block is free, up to the last one */
+	for (i = 8; i < data; i++)
+		last = dd_test_alloc(test, md);
+	KUNIT_EXPECT_EQ(test, last, data - 1);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
+	dd_md_free_data_now(md, last);
+	last = dd_test_write(test, md, logical - 1, 5);
+	KUNIT_EXPECT_EQ(test, last, data - 1);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, logical - 1, data - 1);
+	dd_test_expect_fp(test, md, data - 1, 5);
+	dd_test_expect_map(test, md, 999, pba);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 9);
+	dd_test_md_close(test, md);
+
+	/* the old sizes are a shrink now */
+	cfg->logical_blocks = 1000;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "logical_blocks"));
+	cfg->logical_blocks = logical;
+	cfg->data_blocks = 8;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "data_blocks"));
+}
+
+/*
+ * Damage found at run time is recorded in the superblock: the running
+ * transaction is dropped, and every later open is read-only until the
+ * flag is cleared (as `dedup check --clear-needs-check` does). Flags this
+ * version does not know are refused.
+ */
+static void dd_md_test_needs_check(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const char *error;
+	u64 pba, got, left;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	pba = dd_test_write(test, md, 3, 3);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 2);
+	dd_test_write(test, md, 4, 4);
+	KUNIT_EXPECT_FALSE(test, dd_md_needs_check(md));
+
+	KUNIT_ASSERT_EQ(test, dd_md_flag_needs_check(md), 0);
+	KUNIT_EXPECT_TRUE(test, dd_md_needs_check(md));
+	dd_test_expect_map(test, md, 3, pba);
+	dd_test_expect_unmapped(test, md, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), -EROFS);
+	/* the next generation, in the other slot: the same state, flagged */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_sb_slot(test, bdev, raw), 1);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS),
+			DD_SB_NEEDS_CHECK);
+	KUNIT_ASSERT_EQ(test, dd_md_flag_needs_check(md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
+	dd_test_md_close(test, md);
+
+	/* a read-write table opens it read-only, and writes nothing */
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_TRUE(test, dd_md_needs_check(md));
+	dd_test_expect_map(test, md, 3, pba);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &got, &left), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), -EROFS);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
+	dd_test_md_close(test, md);
+	cfg->data_blocks = 200;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "needs_check"));
+	cfg->data_blocks = 100;
+
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_FLAGS, DD_SB_NEEDS_CHECK | 0x4, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_STREQ(test, error, "metadata superblock has unknown flags");
+
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_FLAGS, 0, 4);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_FALSE(test, dd_md_needs_check(md));
+	dd_test_write(test, md, 4, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), 0);
+
+	/* a read_only table never writes, not even the flag */
+	dd_test_md_close(test, md);
+	cfg->read_only = true;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_md_flag_needs_check(md), 0);
+	KUNIT_EXPECT_FALSE(test, dd_md_needs_check(md));
+	dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS), 0);
+}
+
+/*
  * Short digests (crc32c) keep fp_size bytes and zero the rest, and an
  * all-zero digest is legitimate for them, not a missing record.
  */
@@ -1462,6 +1607,8 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_unmap_range),
 	KUNIT_CASE(dd_md_test_unmap_max_freed),
 	KUNIT_CASE(dd_md_test_tall_map),
+	KUNIT_CASE(dd_md_test_grow),
+	KUNIT_CASE(dd_md_test_needs_check),
 	KUNIT_CASE(dd_md_test_short_fingerprint),
 	KUNIT_CASE(dd_md_test_zero_fingerprint),
 	KUNIT_CASE(dd_md_test_superblock_fallback),

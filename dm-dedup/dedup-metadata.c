@@ -48,6 +48,7 @@ struct dd_metadata {
 	bool dirty;
 	bool read_only;	/* asked for, or after a failure: no more changes */
 	bool aborted;	/* rolled back to the last commit; stays so */
+	bool needs_check;	/* DD_SB_NEEDS_CHECK is on disk */
 	void *leaf_buf;	/* one leaf's entries, for range operations */
 };
 
@@ -145,7 +146,12 @@ static int dd_format(struct dd_metadata *md)
 	return dd_md_commit(md, NULL, NULL);
 }
 
-/* The table and the metadata must describe the same device. */
+static bool dd_grows(u64 table, __le64 recorded)
+{
+	return table > le64_to_cpu(recorded);
+}
+
+/* The table and the metadata must describe the same device, or a grown one. */
 static int dd_check_sb(struct dd_metadata *md, char **error)
 {
 	const struct dd_superblock *sb = &md->sb;
@@ -164,16 +170,31 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 		*error = "metadata superblock is damaged (transaction id near the 2^64 limit)";
 		return -EINVAL;
 	}
+	if (le32_to_cpu(sb->flags) & ~DD_SB_KNOWN_FLAGS) {
+		*error = "metadata superblock has unknown flags";
+		return -EINVAL;
+	}
 	if (le64_to_cpu(sb->metadata_blocks) > md->bm->nr_blocks) {
 		*error = "metadata device is smaller than when it was formatted";
 		return -EINVAL;
 	}
-	if (le64_to_cpu(sb->logical_blocks) != cfg->logical_blocks) {
-		*error = "logical size differs from the metadata (field logical_blocks)";
+	/*
+	 * A larger table grows the device (dd_grow); a smaller one would drop
+	 * mapped blocks or stored data, so it is refused whatever they hold.
+	 */
+	if (cfg->logical_blocks < le64_to_cpu(sb->logical_blocks)) {
+		*error = "cannot shrink the logical size (field logical_blocks)";
 		return -EINVAL;
 	}
-	if (le64_to_cpu(sb->data_blocks) != cfg->data_blocks) {
-		*error = "data device size differs from the metadata (field data_blocks)";
+	if (cfg->data_blocks < le64_to_cpu(sb->data_blocks)) {
+		*error = "cannot shrink the data device (field data_blocks)";
+		return -EINVAL;
+	}
+	if (md->read_only && (dd_grows(cfg->logical_blocks, sb->logical_blocks) ||
+			      dd_grows(cfg->data_blocks, sb->data_blocks))) {
+		*error = md->needs_check ?
+			 "cannot grow a device flagged needs_check: run dedup check first" :
+			 "cannot grow a read-only device: load the larger table without read_only";
 		return -EINVAL;
 	}
 	if (strncmp(sb->hash_name, cfg->hash_name, sizeof(sb->hash_name)) ||
@@ -247,12 +268,15 @@ static int dd_activate(struct dd_metadata *md, char **error)
 	int r;
 
 	md->bm->txn = le64_to_cpu(sb->hdr.txn) + 1;
+	/* At the committed sizes; dd_grow takes them to the table's. */
 	dd_array_init(&md->map, md->bm, DD_ARRAY_MAP, sizeof(__le64),
-		      md->cfg.logical_blocks, le64_to_cpu(sb->map_root));
+		      le64_to_cpu(sb->logical_blocks),
+		      le64_to_cpu(sb->map_root));
 	dd_array_init(&md->refcount, md->bm, DD_ARRAY_REFCOUNT, sizeof(__le32),
-		      md->cfg.data_blocks, le64_to_cpu(sb->refcount_root));
+		      le64_to_cpu(sb->data_blocks),
+		      le64_to_cpu(sb->refcount_root));
 	dd_array_init(&md->fingerprint, md->bm, DD_ARRAY_FINGERPRINT,
-		      DD_FP_SIZE, md->cfg.data_blocks,
+		      DD_FP_SIZE, le64_to_cpu(sb->data_blocks),
 		      le64_to_cpu(sb->fingerprint_root));
 
 	r = dd_array_walk(&md->map, NULL, NULL);
@@ -278,6 +302,41 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		*error = "metadata is inconsistent; run dedup check";
 		return -EILSEQ;
 	}
+	return 0;
+}
+
+/*
+ * A table larger than the metadata: the arrays take the new sizes in the
+ * running transaction, which dd_commit_loaded commits at once, so a crash
+ * before then leaves the device at its old sizes. The new data blocks are
+ * free in md->data already, which was sized from the table.
+ */
+static int dd_grow(struct dd_metadata *md, char **error)
+{
+	struct dd_superblock *sb = &md->sb;
+	u64 logical = md->cfg.logical_blocks, data = md->cfg.data_blocks;
+	int r;
+
+	if (!dd_grows(logical, sb->logical_blocks) &&
+	    !dd_grows(data, sb->data_blocks))
+		return 0;
+	r = dd_array_grow(&md->map, logical);
+	if (!r)
+		r = dd_array_grow(&md->refcount, data);
+	if (!r)
+		r = dd_array_grow(&md->fingerprint, data);
+	if (r) {
+		*error = "cannot grow the metadata";
+		return r;
+	}
+	if (dd_grows(logical, sb->logical_blocks))
+		DMINFO("growing the logical size from %llu to %llu blocks",
+		       le64_to_cpu(sb->logical_blocks), logical);
+	if (dd_grows(data, sb->data_blocks))
+		DMINFO("growing the data device from %llu to %llu blocks",
+		       le64_to_cpu(sb->data_blocks), data);
+	sb->logical_blocks = cpu_to_le64(logical);
+	sb->data_blocks = cpu_to_le64(data);
 	return 0;
 }
 
@@ -380,9 +439,15 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			DMWARN("superblock slot %d is damaged; using slot %d (transaction %llu)",
 			       1 - best, best, le64_to_cpu(sbs[best].hdr.txn));
 		md->sb = sbs[best];
+		if (le32_to_cpu(md->sb.flags) & DD_SB_NEEDS_CHECK) {
+			md->needs_check = true;
+			md->read_only = true;
+		}
 		r = dd_check_sb(md, error);
 		if (!r && !cfg->identity_only)
 			r = dd_activate(md, error);
+		if (!r && !cfg->identity_only && !md->read_only)
+			r = dd_grow(md, error);
 		if (!r && !cfg->identity_only && !md->read_only &&
 		    le64_to_cpu(md->sb.hdr.txn) < DD_MAX_TXN)
 			r = dd_commit_loaded(md, error);
@@ -1001,6 +1066,46 @@ void dd_md_abort(struct dd_metadata *md)
 	down_write(&md->lock);
 	dd_abort(md);
 	up_write(&md->lock);
+}
+
+/*
+ * The flag goes into the last commit's superblock, written as the next
+ * generation: its trees are that commit's, so whichever slot a later
+ * open picks holds the same state, and the other slot's older state
+ * stays a fallback as after any commit.
+ */
+int dd_md_flag_needs_check(struct dd_metadata *md)
+{
+	struct dd_superblock sb;
+	u64 txn;
+	int r = 0;
+
+	down_write(&md->lock);
+	dd_abort(md);
+	txn = le64_to_cpu(md->sb.hdr.txn) + 1;
+	if (md->needs_check || md->cfg.read_only || txn > DD_MAX_TXN)
+		goto out;
+	sb = md->sb;
+	sb.flags |= cpu_to_le32(DD_SB_NEEDS_CHECK);
+	sb.hdr.txn = cpu_to_le64(txn);
+	r = dd_bm_write_super(md->bm, &sb);
+	if (!r) {
+		md->sb = sb;
+		md->needs_check = true;
+	}
+out:
+	up_write(&md->lock);
+	return r;
+}
+
+bool dd_md_needs_check(struct dd_metadata *md)
+{
+	bool r;
+
+	down_read(&md->lock);
+	r = md->needs_check;
+	up_read(&md->lock);
+	return r;
 }
 
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)

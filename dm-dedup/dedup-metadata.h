@@ -188,6 +188,15 @@ void dd_md_abort(struct dd_metadata *md);
  * one asks for even when nothing else changed.
  */
 bool dd_md_dirty(struct dd_metadata *md);
+/*
+ * Damage was found: roll back to the last commit and record the flag in
+ * its superblock, so that every later open is read-only in needs_check
+ * mode until the tools clear it. Not for a read_only table, which never
+ * writes. < 0 when the superblock could not be written.
+ */
+int dd_md_flag_needs_check(struct dd_metadata *md);
+/* The superblock carried DD_SB_NEEDS_CHECK when opened: read-only. */
+bool dd_md_needs_check(struct dd_metadata *md);
 int dd_md_writeback_error(struct dd_metadata *md);
 void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st);
 u64 dd_md_free_data_blocks(struct dd_metadata *md);

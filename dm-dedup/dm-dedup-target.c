@@ -380,9 +380,16 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		return r;
 	}
 	r = dd_md_open(dc->meta_dev->bdev, &cfg, &dc->md, error);
-	if (r)
+	if (r) {
 		dd_index_exit(&dc->index);
-	return r;
+		return r;
+	}
+	if (dd_md_needs_check(dc->md)) {
+		WRITE_ONCE(dc->mode, DD_MODE_NEEDS_CHECK);
+		DMERR("%s: metadata flagged needs_check: read-only; run dedup check",
+		      dd_name(dc));
+	}
+	return 0;
 }
 
 /* Called with dd_instances_lock held. */

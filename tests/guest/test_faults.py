@@ -8,11 +8,14 @@ target reopens at that commit with nothing corrupted.
 """
 
 import errno
+import json
+import struct
+import time
 
 import pytest
 
 import ddlib
-from ddlib import BlockDev, DedupDev, block_data, dm_linear, dm_swap_table, run
+from ddlib import BLOCK, BlockDev, DedupDev, block_data, dm_linear, dm_swap_table, run
 
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 
@@ -90,3 +93,89 @@ def test_data_read_error_is_passed_up(backing, seed):
     assert dd.status()["mode"] == "rw"
     dd.remove()
     run(["dmsetup", "remove", "ddtfdata"])
+
+
+def test_damage_found_while_running_stays_flagged(backing, seed):
+    """A map leaf damaged on the medium (activation does not read map
+    leaves) is found by a read: the device switches to needs_check and
+    records it in the superblock. Every later activation is read-only in
+    needs_check mode until `dedup check --clear-needs-check`, which clears
+    the flag only once the metadata checks clean; then the device is
+    read-write again with every block intact."""
+    meta = backing.loop(META_MIB, "meta")
+    meta_file = backing.files[-1]
+    data = backing.loop(DATA_MIB, "data")
+    nb = 600                                  # map leaves 0 (LBA 0-507) and 1
+    dd = DedupDev.create("ddtnc", meta, data, LOGICAL_MIB * ddlib.MIB // 512)
+    content = {lba: block_data(seed, lba) for lba in range(nb)}
+    with BlockDev(dd.path) as bd:
+        bd.write_range(0, [content[lba] for lba in range(nb)])
+        bd.fsync()
+    dd.remove()
+
+    rep = json.loads(run([ddlib.DEDUP_BIN, "check", "--json", meta_file]).stdout)
+    with open(meta_file, "rb") as f:
+        pristine = f.read()
+    root = rep["superblock"]["map_root"]
+    leaf0 = struct.unpack_from("<Q", pristine, root * BLOCK + 32)[0]
+    assert pristine[root * BLOCK + 25] == 1 and leaf0, "map of height 1 expected"
+    damaged = bytearray(pristine[leaf0 * BLOCK:(leaf0 + 1) * BLOCK])
+    damaged[100] ^= 0x40                      # LBA 8's entry; the checksum now fails
+    with open(meta_file, "r+b") as f:
+        f.seek(leaf0 * BLOCK)
+        f.write(damaged)
+
+    k = ddlib.Kmsg()
+    dd.activate()           # (udev's probe of block 0 may find the damage first)
+    with BlockDev(dd.path) as bd:
+        with pytest.raises(OSError) as e:
+            bd.read(8)
+        assert e.value.errno == errno.EIO
+        assert bd.read(nb - 1) == content[nb - 1]
+    for _ in range(100):
+        if any("needs_check saved in the superblock" in l for l in k.lines()):
+            break
+        time.sleep(0.1)
+    assert any("needs_check saved in the superblock" in l for l in k.lines()), \
+        "\n".join(k.lines())
+    k.close()
+    assert dd.status()["mode"] == "needs_check"
+    dd.remove()
+
+    def flagged_activation():
+        k = ddlib.Kmsg()
+        dd.activate()
+        assert dd.status()["mode"] == "needs_check"
+        assert any("metadata flagged needs_check: read-only; run dedup check" in l
+                   for l in k.lines()), "\n".join(k.lines())
+        k.close()
+        with BlockDev(dd.path) as bd:
+            assert bd.read(nb - 1) == content[nb - 1]
+            with pytest.raises(OSError):
+                bd.write(nb + 10, block_data(seed, 99999))
+                bd.fsync()
+        dd.remove()
+
+    flagged_activation()
+    # still damaged: check fails and leaves the flag
+    p = run([ddlib.DEDUP_BIN, "check", "--clear-needs-check", meta_file], check=False)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "needs_check stays set" in p.stderr
+    flagged_activation()
+
+    # the leaf is intact again (say, restored): the flag still holds until cleared
+    with open(meta_file, "r+b") as f:
+        f.seek(leaf0 * BLOCK)
+        f.write(pristine[leaf0 * BLOCK:(leaf0 + 1) * BLOCK])
+    flagged_activation()
+    p = run([ddlib.DEDUP_BIN, "check", "--clear-needs-check", meta_file], check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "needs_check cleared" in p.stderr
+
+    dd.activate()
+    assert dd.status()["mode"] == "rw"
+    ddlib.verify_blocks(dd.path, content)
+    with BlockDev(dd.path) as bd:
+        bd.write(nb + 10, block_data(seed, 99999))
+        bd.fsync()
+        assert bd.read(nb + 10) == block_data(seed, 99999)

@@ -216,35 +216,38 @@ def test_table_output_loads_back(backing, seed, opts):
 # ---------------------------------------------------------------------------
 # existing metadata must match the table
 # ---------------------------------------------------------------------------
-def test_reopen_with_other_logical_size_refused(backing, kmsg_check):
+def test_reopen_with_smaller_logical_size_refused(backing, kmsg_check):
     meta = backing.loop(16, "meta")
     data = backing.loop(64, "data")
     d = DedupDev.create("ddtre", meta, data, L256)
     ddlib.write_ids(d.path, 1, [1, 2])
     d.remove()
     assert_create_fails(kmsg_check, "ddtre", "0 %d dedup %s %s" % (L256 // 2, meta, data),
-                        ["logical"])
+                        ["cannot shrink the logical size"])
     # the original table still works: nothing was overwritten
     d.activate()
     assert d.status()["mapped"] == 2
 
 
-def test_reopen_with_other_data_size_refused(backing, kmsg_check):
+def test_reopen_with_smaller_data_device_refused(backing, kmsg_check):
     meta = backing.loop(16, "meta")
-    data = backing.loop(64, "data")
+    data = backing.loop(96, "data")
     d = DedupDev.create("ddtre", meta, data, L256)
     ddlib.write_ids(d.path, 1, [1, 2])
     d.remove()
-    # grow the data device's file and tell the loop driver
+    # shrink the data device's file and tell the loop driver
     f = [x for x in backing.files if "data" in os.path.basename(x)][0]
-    os.truncate(f, 96 * MIB)
-    run(["losetup", "-c", data])
-    assert ddlib.device_bytes(data) == 96 * MIB
-    assert_create_fails(kmsg_check, "ddtre", "0 %d dedup %s %s" % (L256, meta, data), ["data"])
-    # back to the size it was formatted with, so that the teardown's
-    # `dedup check --data` can verify what was written
     os.truncate(f, 64 * MIB)
     run(["losetup", "-c", data])
+    assert ddlib.device_bytes(data) == 64 * MIB
+    assert_create_fails(kmsg_check, "ddtre", "0 %d dedup %s %s" % (L256, meta, data),
+                        ["cannot shrink the data device"])
+    # back to the size it was formatted with, so that the teardown's
+    # `dedup check --data` can verify what was written
+    os.truncate(f, 96 * MIB)
+    run(["losetup", "-c", data])
+    d.activate()
+    assert d.status()["mapped"] == 2
 
 
 def test_reopen_with_other_hash_refused(backing, kmsg_check):

@@ -88,7 +88,8 @@ static void print_stats(struct dd_metadata *md)
 	struct dd_md_stats st;
 
 	dd_md_stats(md, &st);
-	printf("stats txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
+	printf("stats needs_check=%d txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
+	       dd_md_needs_check(md),
 	       (unsigned long long)st.transaction_id, (unsigned long long)st.metadata_used,
 	       (unsigned long long)st.metadata_total, (unsigned long long)st.data_used,
 	       (unsigned long long)st.data_live, (unsigned long long)st.mapped,
@@ -171,7 +172,7 @@ int main(int argc, char **argv)
 	int r;
 
 	if (argc < 5) {
-		fprintf(stderr, "usage: harness open|map|workload META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS]]\n");
+		fprintf(stderr, "usage: harness open|map|flag|workload META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS]]\n");
 		return 2;
 	}
 	cmd = argv[1];
@@ -198,6 +199,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (!strcmp(cmd, "open")) {
+		print_stats(md);
+	} else if (!strcmp(cmd, "flag")) {
+		/* what the target does when it finds damage while running */
+		r = dd_md_flag_needs_check(md);
 		print_stats(md);
 	} else if (!strcmp(cmd, "map")) {
 		r = print_map(md, cfg.logical_blocks);

@@ -1017,12 +1017,23 @@ pub fn superblock_rules(sb: &Superblock) -> Vec<(Severity, &'static str, String)
             ),
         );
     }
-    if sb.flags != 0 {
-        // No flag is defined (dedup-format.h); the kernel ignores them.
+    if sb.flags & !SB_KNOWN_FLAGS != 0 {
+        e(
+            "superblock",
+            format!(
+                "unknown flags {:#x}: the kernel refuses to activate",
+                sb.flags & !SB_KNOWN_FLAGS
+            ),
+        );
+    }
+    if sb.flags & SB_NEEDS_CHECK != 0 {
         v.push((
             Severity::Warning,
-            "superblock",
-            format!("unknown flags {:#x}", sb.flags),
+            "needs_check",
+            "flag needs_check is set: the kernel found damage while running and opens \
+             the device read-only until `dedup check --clear-needs-check` (once clean) or \
+             `dedup repair` clears it"
+                .into(),
         ));
     }
     v

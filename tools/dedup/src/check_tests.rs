@@ -438,7 +438,7 @@ fn superblock_fields() {
     edit_sb(&mut d, |sb| {
         sb.block_size = 512;
         sb.fp_size = 33;
-        sb.flags = 1;
+        sb.flags = 0x7;
     });
     let r = run(&d);
     assert!(r
@@ -452,7 +452,13 @@ fn superblock_fields() {
     assert!(r
         .problems
         .iter()
-        .any(|p| p.message.contains("unknown flags 0x1")));
+        .any(|p| p.severity == Severity::Error && p.message.contains("unknown flags 0x6")));
+    // needs_check alone is a warning: the metadata itself is fine
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| sb.flags = SB_NEEDS_CHECK);
+    let r = run(&d);
+    assert!(r.clean(), "{:#?}", r.problems);
+    assert!(r.has("needs_check"));
 
     let (mut d, _) = sample();
     edit_sb(&mut d, |sb| sb.version = 2);

@@ -115,6 +115,13 @@ struct CheckArgs {
     /// List at most N problems (all are counted); 0 lists all.
     #[arg(long, value_name = "N", default_value_t = 10000)]
     max_problems: usize,
+    /// When the check finds no error, clear the superblock's needs_check
+    /// flag (set by the kernel when it found damage while running; the
+    /// device opens read-only while it is set). Writes the same state
+    /// again as the next generation. With errors, nothing is written: run
+    /// `dedup repair`, which clears the flag too.
+    #[arg(long)]
+    clear_needs_check: bool,
 }
 
 /// Repair the metadata of a dm-dedup device offline.
@@ -378,6 +385,39 @@ fn err(cmd: &str, msg: impl std::fmt::Display) {
     eprintln!("dedup {cmd}: {msg}");
 }
 
+/// `check --clear-needs-check` after the check: the generation written,
+/// or None when nothing was to be done or nothing may be done (said on
+/// stderr).
+fn clear_needs_check(
+    dev: &mut FileDev,
+    report: &check::Report,
+    name: &str,
+) -> std::io::Result<Option<u64>> {
+    let Some(info) = report.superblock.as_ref() else {
+        return Ok(None);
+    };
+    if info.flags & ondisk::SB_NEEDS_CHECK == 0 {
+        eprintln!("dedup check: {name}: needs_check is not set; nothing to clear");
+        return Ok(None);
+    }
+    if !report.clean() {
+        eprintln!(
+            "dedup check: {name}: the metadata has errors, so needs_check stays set; \
+             run dedup repair"
+        );
+        return Ok(None);
+    }
+    let mut blk = ondisk::zero_block();
+    dev.read_block(info.slot, &mut blk)?;
+    let sb = writer::clear_needs_check(dev, &ondisk::Superblock::decode(&blk))?;
+    eprintln!(
+        "dedup check: {name}: needs_check cleared (generation {} in slot {})",
+        sb.generation(),
+        sb.slot()
+    );
+    Ok(Some(sb.generation()))
+}
+
 fn print_json<T: serde::Serialize>(v: &T) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, v)?;
@@ -395,7 +435,7 @@ fn run_check(a: CheckArgs) -> i32 {
         err("check", format!("{name}: {msg}"));
         EXIT_OPERATIONAL
     };
-    let dev = match FileDev::open(&a.device, false) {
+    let mut dev = match FileDev::open(&a.device, a.clear_needs_check) {
         Ok(d) => d,
         Err(e) => {
             err("check", e);
@@ -416,14 +456,28 @@ fn run_check(a: CheckArgs) -> i32 {
         dense_limit: None,
     };
     let data = data.as_ref().map(|d| d as &(dyn BlockDev + Sync));
-    match check::check_with_data(&dev, data, &opts) {
+    let checked = check::check_with_data(&dev, data, &opts);
+    match checked {
         Err(f) => fatal(&f.0),
         Ok((report, _)) => {
-            let code = if report.clean() { EXIT_OK } else { EXIT_ERRORS };
+            let mut code = if report.clean() { EXIT_OK } else { EXIT_ERRORS };
+            let cleared = if a.clear_needs_check {
+                match clear_needs_check(&mut dev, &report, &name) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        err("check", format!("{name}: clearing needs_check: {e}"));
+                        code = EXIT_OPERATIONAL;
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             let r = if a.json {
                 let mut v = serde_json::to_value(&report).expect("report serializes");
                 v["device"] = name.clone().into();
                 v["exit_code"] = code.into();
+                v["needs_check_cleared"] = cleared.is_some().into();
                 print_json(&v)
             } else {
                 std::io::stdout()

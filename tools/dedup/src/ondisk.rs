@@ -22,6 +22,11 @@ pub const SB_SLOTS: u64 = 2;
 /// superblock above it; `check` reports one as `txn_too_large`.
 pub const MAX_TXN: u64 = u64::MAX - (1 << 32);
 pub const FIRST_TREE_BLOCK: u64 = SB_SLOTS;
+/// Superblock flag: the kernel found the metadata damaged and opens it
+/// read-only until `check --clear-needs-check` or `repair` clears it.
+pub const SB_NEEDS_CHECK: u32 = 0x1;
+/// Every flag the format defines; the kernel refuses any other bit.
+pub const SB_KNOWN_FLAGS: u32 = SB_NEEDS_CHECK;
 
 pub const BT_SUPER: u32 = 0x5250_5553; // "SUPR"
 pub const BT_INTERIOR: u32 = 0x5254_4e49; // "INTR"

@@ -587,6 +587,17 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
     nsb.fingerprint_root = 0;
     nsb.mapped_blocks = sum.mapped_after;
     nsb.used_data_blocks = sum.live_after;
+    // The repaired state is consistent: the kernel may use it read-write.
+    if nsb.flags & SB_NEEDS_CHECK != 0 {
+        ch.add(
+            "superblock",
+            "needs_check",
+            None,
+            0,
+            "superblock: flag needs_check cleared".into(),
+        );
+    }
+    nsb.flags &= !SB_NEEDS_CHECK;
     Ok(Plan {
         spec: ImageSpec {
             sb: nsb,

@@ -294,6 +294,20 @@ fn write_trees_and_super(
     Ok((Superblock::decode(&blk), layout))
 }
 
+/// `check --clear-needs-check`: the committed state `current` once more,
+/// without the needs_check flag, as the next generation, in the other
+/// slot, so that a torn write leaves the flagged superblock in force.
+pub fn clear_needs_check(dev: &mut dyn BlockDev, current: &Superblock) -> io::Result<Superblock> {
+    let mut sb = current.clone();
+    sb.flags &= !SB_NEEDS_CHECK;
+    sb.header.txn = current.generation().wrapping_add(1);
+    writable_generation(&sb)?;
+    let blk = sb.encode();
+    dev.write_block(sb.slot(), &blk)?;
+    dev.flush()?;
+    Ok(Superblock::decode(&blk))
+}
+
 /// What `dedup format` (and the kernel's dd_format) writes: generation 1
 /// in slot 1, empty arrays; slot 0 zeroed.
 pub fn format(

@@ -735,6 +735,77 @@ fn repair_refuses_clean_devices_and_bad_input() {
     assert!(j["fatal"].as_str().unwrap().contains("not a dm-dedup"));
 }
 
+/// The kernel's needs_check flag: check warns but calls the metadata
+/// clean; --clear-needs-check leaves it while errors remain, repair clears
+/// it, and on clean metadata --clear-needs-check writes the same state as
+/// the next generation without it.
+#[test]
+fn needs_check_cleared_by_check_or_repair() {
+    let t = TempDir::new("needs-check");
+    let m = t.path("meta");
+    let mut spec = sample_image(&m);
+    spec.sb.flags = SB_NEEDS_CHECK;
+    let mut d = MemDev::new(fs::metadata(&m).unwrap().len() / 4096);
+    write_image(&mut d, &spec).unwrap();
+    fs::write(&m, &d.bytes).unwrap();
+    let flagged = d.bytes.clone();
+    let json = |o: &Output| -> serde_json::Value { serde_json::from_str(&out(o)).unwrap() };
+
+    let o = dedup(&["check", s(&m), "--json"]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    let j = json(&o);
+    assert_eq!(j["superblock"]["flags"], 1);
+    assert_eq!(j["problems"][0]["code"], "needs_check");
+    assert_eq!(j["problems"][0]["severity"], "warning");
+    let o = dedup(&["check", s(&m)]);
+    assert!(out(&o).contains("needs_check"), "{}", out(&o));
+
+    // damaged: the flag stays; repair clears it
+    let mut x = flagged.clone();
+    x[2 * 4096 + 1000] ^= 0x10;
+    fs::write(&m, &x).unwrap();
+    let o = dedup(&["check", "--clear-needs-check", s(&m)]);
+    assert_eq!(code(&o), 4);
+    assert!(
+        err(&o).contains("needs_check stays set; run dedup repair"),
+        "{}",
+        err(&o)
+    );
+    assert_eq!(fs::read(&m).unwrap(), x);
+    let o = dedup(&["repair", s(&m), "--json"]);
+    assert_eq!(code(&o), 1, "{}", err(&o));
+    assert!(json(&o)["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["code"] == "needs_check"));
+    let j = json(&dedup(&["check", s(&m), "--json"]));
+    assert_eq!(
+        (j["exit_code"].as_u64(), j["superblock"]["flags"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // clean: cleared as generation 13 in the other slot, same content
+    fs::write(&m, &flagged).unwrap();
+    let before = dumped_mappings(&m);
+    let o = dedup(&["check", "--clear-needs-check", s(&m), "--json"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(json(&o)["needs_check_cleared"], true);
+    assert!(
+        err(&o).contains("needs_check cleared (generation 13 in slot 1)"),
+        "{}",
+        err(&o)
+    );
+    let j = json(&dedup(&["check", s(&m), "--json"]));
+    assert_eq!(j["superblock"]["flags"], 0);
+    assert_eq!(j["superblock"]["generation"], 13);
+    assert_eq!(j["warnings"], 0);
+    assert_eq!(dumped_mappings(&m), before);
+    let o = dedup(&["check", "--clear-needs-check", s(&m)]);
+    assert_eq!(code(&o), 0);
+    assert!(err(&o).contains("needs_check is not set"), "{}", err(&o));
+}
+
 #[test]
 fn repair_every_damaged_tree_block() {
     let t = TempDir::new("repair-every");

@@ -272,6 +272,84 @@ fn kernel_workloads_check_clean() {
     }
 }
 
+/// A device the kernel grew (a larger table over the same metadata) checks
+/// clean at its new sizes with the old map intact, and keeps working: the
+/// map goes from one level to two, the refcounts from one leaf to three.
+#[test]
+fn kernel_grown_metadata_checks_clean() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("grow");
+    let (small_l, small_d, big_l, big_d) = (2_000u64, 600u64, 300_000u64, 3_000u64);
+    let m = t.file("m", (required_blocks(big_l, big_d) + 16) * 4096);
+    let ms = m.to_str().unwrap();
+    let (sl, sd, bl, bd) = (
+        small_l.to_string(),
+        small_d.to_string(),
+        big_l.to_string(),
+        big_d.to_string(),
+    );
+    let before = run(h, &["workload", ms, &sl, &sd, "5", "4000", "300"]).unwrap();
+    let refused = run(h, &["map", ms, &bl, &bd]).unwrap_err();
+    assert!(
+        refused.contains("cannot grow a read-only device"),
+        "{refused}"
+    );
+
+    let grown = run(h, &["open", ms, &bl, &bd]).unwrap();
+    assert_eq!(grown.stats["txn"], before.stats["txn"] + 1);
+    let (r, c) = check_file(&m);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    let sb = r.superblock.as_ref().unwrap();
+    assert_eq!((sb.logical_blocks, sb.data_blocks), (big_l, big_d));
+    assert_eq!(c.mappings, before.map);
+
+    let after = run(h, &["workload", ms, &bl, &bd, "6", "8000", "700"]).unwrap();
+    assert!(after.map.iter().any(|&(l, p)| l >= small_l && p >= small_d));
+    let (r, c) = check_file(&m);
+    assert_agrees(&r, &c, &after);
+    let shrunk = run(h, &["open", ms, &sl, &bd]).unwrap_err();
+    assert!(
+        shrunk.contains("cannot shrink the logical size"),
+        "{shrunk}"
+    );
+}
+
+/// The kernel's needs_check flag and the tools' clearing of it: a flagged
+/// device opens read-only in the kernel (no commit at open), `dedup check`
+/// warns, `--clear-needs-check` clears it, and the kernel opens it
+/// read-write again with the same map.
+#[test]
+fn needs_check_set_by_kernel_cleared_by_check() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("needs-check");
+    let (m, out) = workload_image(h, &t, "m", 3_000, 900, &["9", "3000", "250"]);
+    let (ms, l, d) = (m.to_str().unwrap(), "3000", "900");
+    let flagged = run(h, &["flag", ms, l, d]).unwrap();
+    assert_eq!(flagged.stats["needs_check"], 1);
+    let gen = flagged.stats["txn"];
+    let again = run(h, &["open", ms, l, d]).unwrap();
+    assert_eq!((again.stats["needs_check"], again.stats["txn"]), (1, gen));
+    let (r, c) = check_file(&m);
+    assert!(r.clean() && r.has("needs_check"), "{:#?}", r.problems);
+    assert_eq!(c.mappings, out.map);
+
+    let bin = env!("CARGO_BIN_EXE_dedup");
+    let o = Command::new(bin)
+        .args(["check", "--clear-needs-check", ms])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let opened = run(h, &["open", ms, l, d]).unwrap();
+    // cleared as gen + 1; the read-write open commits once more
+    assert_eq!(
+        (opened.stats["needs_check"], opened.stats["txn"]),
+        (0, gen + 2)
+    );
+    let (r, c) = check_file(&m);
+    assert!(r.clean() && !r.has("needs_check"), "{:#?}", r.problems);
+    assert_eq!(c.mappings, out.map);
+}
+
 #[test]
 fn kernel_crash_leaves_the_last_commit() {
     let Some(h) = harness() else { return };
