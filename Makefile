@@ -17,7 +17,7 @@ MOD_DIR := $(CURDIR)/dm-dedup
 CHECKPATCH ?= $(firstword $(wildcard /usr/src/linux-source-6.12/scripts/checkpatch.pl) \
 		$(KDIR)/scripts/checkpatch.pl)
 
-.PHONY: all module static w1 sparse checkpatch kunit test torture demo bench fresh-check install clean
+.PHONY: all module static w1 sparse checkpatch kunit test torture demo demo-copy bench fresh-check install clean
 
 all: module
 
@@ -52,6 +52,9 @@ torture:
 
 demo:
 	scripts/demo.sh
+
+demo-copy:
+	DEMO=copy scripts/demo.sh
 
 bench:
 	scripts/bench.sh

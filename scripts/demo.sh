@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# dm-dedup demo: install deps, build, boot the guest, and in it:
-#   - two "disks" (sparse files on a guest tmpfs: 64 MiB for metadata,
-#     2 GiB for data), one LVM volume group over both, a logical volume on
-#     each, and a dedup device of 4 GiB logical size over the two volumes
-#   - ext4 on it; a real system tree copied in once from the host (bounded,
-#     DEMO_MB, default 100 MB read over 9p), then copied DEMO_COPIES-1 more
-#     times inside the filesystem (those writes go through the dedup target)
-#   - verification of every copy against the source (sha256 lists) after an
-#     unmount + fsck + mount, then df, the dedup status and a summary:
-#     logical data written, physical blocks used, space saved, dedup ratio.
-# Exits non-zero if anything fails or a copy differs.
+# dm-dedup demo: install deps, build, boot the guest, and in it one of:
 #
-# Environment: DEMO_MB (100), DEMO_COPIES (4), DEMO_SRC (space-separated
-# source dirs, default "/usr/lib/python3.11 /usr/lib/python3/dist-packages"),
-# SKIP_DEPS=1, SKIP_BUILD=1, GUEST_TIMEOUT (1800).
+# DEMO=datastore (the default; scripts/demo-datastore-guest.py): the VM
+#   datastore. Two "disks" in one LVM volume group, a dedup device over a
+#   logical volume on each, XFS on it exported over NFSv4 from a server
+#   network namespace to a "hypervisor" namespace; VM disk images (raw and
+#   qcow2, one OS) copied in through the NFS mount, read back and compared,
+#   one deleted and trimmed; then the savings and the status. Environment:
+#   DEMO_IMAGES (5), DEMO_OS_MB (64), DEMO_IMAGE_MB (128), DEMO_SRC.
+#
+# DEMO=copy (scripts/demo-guest.sh; also `make demo-copy`): ext4 on the
+#   dedup device, a real system tree copied in once from the host
+#   (DEMO_MB, default 100 MB read over 9p), then DEMO_COPIES-1 (default
+#   3) more times inside the filesystem; every copy verified after
+#   unmount + fsck + mount; df, the status and a summary. DEMO_SRC: the
+#   source dirs.
+#
+# Exits non-zero if anything fails or a copy differs.
+# Also: SKIP_DEPS=1, SKIP_BUILD=1, GUEST_TIMEOUT (1800).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,9 +33,20 @@ fi
 [ -f "$REPO/dm-dedup/dm-dedup.ko" ] || { say "no $REPO/dm-dedup/dm-dedup.ko"; exit 1; }
 
 q() { printf '%q' "$1"; }
-CMD="export DEMO_MB=$(q "${DEMO_MB:-100}") DEMO_COPIES=$(q "${DEMO_COPIES:-4}")
+case "${DEMO:-datastore}" in
+datastore)
+    CMD="export DEMO_IMAGES=$(q "${DEMO_IMAGES:-5}") DEMO_OS_MB=$(q "${DEMO_OS_MB:-64}")
+export DEMO_IMAGE_MB=$(q "${DEMO_IMAGE_MB:-128}")
+export DEMO_SRC=$(q "${DEMO_SRC:-/usr/lib/python3/dist-packages}")
+export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko")
+/bin/python3 $(q "$REPO/scripts/demo-datastore-guest.py")" ;;
+copy)
+    CMD="export DEMO_MB=$(q "${DEMO_MB:-100}") DEMO_COPIES=$(q "${DEMO_COPIES:-4}")
 export DEMO_SRC=$(q "${DEMO_SRC:-/usr/lib/python3.11 /usr/lib/python3/dist-packages}")
 export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko")
-bash $(q "$REPO/scripts/demo-guest.sh")"
+bash $(q "$REPO/scripts/demo-guest.sh")" ;;
+*)
+    say "DEMO must be datastore or copy, not '$DEMO'"; exit 2 ;;
+esac
 export GUEST_TIMEOUT=${GUEST_TIMEOUT:-1800}
 exec "$REPO/scripts/guest-run.sh" -- "$CMD"

@@ -551,7 +551,9 @@ do_guest_prereqs() {
         need dmsetup mkfs.ext4 fsck.ext4 mkfs.xfs xfs_repair blkdiscard blockdev losetup \
              udevadm insmod rmmod lsmod modinfo dmesg mount umount mountpoint truncate \
              sha256sum tar find awk fio pvcreate vgcreate lvcreate lvextend vgremove \
-             blktrace blkparse
+             blktrace blkparse ip nsenter rpcbind rpc.nfsd rpc.mountd exportfs mount.nfs4 \
+             iscsid iscsiadm qemu-img
+        if /bin/python3 -c "import rtslib_fb" 2>/dev/null; then ok "rtslib_fb for /bin/python3 (LIO)"; else bad "rtslib_fb for /bin/python3 (python3-rtslib-fb)"; fi
         if /bin/python3 -c "import pytest" 2>/dev/null; then ok "pytest for /bin/python3 ($(/bin/python3 -m pytest --version 2>&1 | head -n 1))"; else bad "pytest for /bin/python3 (python3-pytest)"; fi
         if [ -x tools/target/debug/dedup ] && tools/target/debug/dedup --version >/dev/null; then
             ok "tools/target/debug/dedup ($(tools/target/debug/dedup --version))"

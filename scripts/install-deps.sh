@@ -95,11 +95,18 @@ fi
 # static busybox and checks that it is static with file(1).  procps: pgrep in
 # guest-run.sh.  A bare Debian 12 has none of the three (scripts/fresh-check.sh).
 # lvm2: the guest suite and the demo put dedup on logical volumes; blktrace:
-# the suite's I/O assertions (tests/guest/iotrace.py).
+# the suite's I/O assertions (tests/guest/iotrace.py). nfs-kernel-server,
+# open-iscsi, targetcli-fb (python3-rtslib-fb) and iproute2: the datastore
+# exports over NFS and iSCSI between network namespaces in the guest
+# (tests/guest/test_export.py with netns.py, nfs.py, iscsi.py) and the
+# demo; qemu-utils: qemu-img for the VM images they carry.
+# Their services are never started on this machine: the suite starts the
+# daemons it needs inside the guest.
 PKGS=(linux-image-6.12-amd64 linux-headers-6.12-amd64 build-essential sparse fio
       xfsprogs e2fsprogs dmsetup python3-pytest kmod udev rsync util-linux
       dkms linux-source-6.12 xz-utils flex bison bc busybox-static file procps
-      lvm2 blktrace)
+      lvm2 blktrace nfs-kernel-server open-iscsi targetcli-fb python3-rtslib-fb
+      iproute2 qemu-utils)
 missing=()
 for p in "${PKGS[@]}"; do is_installed "$p" || missing+=("$p"); done
 if [ "${#missing[@]}" = 0 ]; then

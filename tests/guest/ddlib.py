@@ -518,11 +518,16 @@ class Backing:
         return errors
 
 
+def ensure_configfs():
+    """configfs at /sys/kernel/config (null_blk's and LIO's settings)."""
+    if not os.path.ismount("/sys/kernel/config"):
+        run(["mount", "-t", "configfs", "none", "/sys/kernel/config"])
+
+
 def ensure_configfs_nullb():
     if not os.path.isdir("/sys/kernel/config/nullb"):
         run(["modprobe", "null_blk", "nr_devices=0"])
-        if not os.path.ismount("/sys/kernel/config"):
-            run(["mount", "-t", "configfs", "none", "/sys/kernel/config"])
+        ensure_configfs()
     assert os.path.isdir("/sys/kernel/config/nullb")
 
 
