@@ -476,9 +476,11 @@ static void dd_array_test_grow(struct kunit *test)
 	struct block_device *bdev = dd_test_dev_open(test);
 	struct dd_bm *bm = dd_test_bm_create(test, bdev, DD_TEST_DEV_BLOCKS);
 	const u64 big = 508ULL * 508 * 508 + 1;
-	struct dd_array a, empty;
+	void *buf = kunit_kmalloc(test, DD_PAYLOAD_SIZE, GFP_KERNEL);
+	struct dd_array a, empty, cut;
 	u64 root0, used;
 
+	KUNIT_ASSERT_NOT_NULL(test, buf);
 	bm->txn = 1;
 	dd_array_init(&a, bm, DD_ARRAY_MAP, 8, 100, 0);
 	dd_test_set(test, &a, 0);
@@ -487,11 +489,11 @@ static void dd_array_test_grow(struct kunit *test)
 	root0 = a.root;
 	used = bm->space.nr_used;
 
-	KUNIT_EXPECT_EQ(test, dd_array_grow(&a, 99), -EINVAL);
-	KUNIT_ASSERT_EQ(test, dd_array_grow(&a, 508), 0);
+	KUNIT_EXPECT_EQ(test, dd_array_grow(&a, 99, buf), -EINVAL);
+	KUNIT_ASSERT_EQ(test, dd_array_grow(&a, 508, buf), 0);
 	KUNIT_EXPECT_EQ(test, a.height, 0);
 	KUNIT_EXPECT_EQ(test, a.root, root0);
-	KUNIT_ASSERT_EQ(test, dd_array_grow(&a, big), 0);
+	KUNIT_ASSERT_EQ(test, dd_array_grow(&a, big, buf), 0);
 	KUNIT_EXPECT_EQ(test, a.height, 3);
 	KUNIT_EXPECT_EQ(test, a.nr_entries, big);
 	/* three new roots; the committed leaf is not copied */
@@ -507,7 +509,7 @@ static void dd_array_test_grow(struct kunit *test)
 	dd_test_expect(test, &a, 99, true);
 
 	dd_array_init(&empty, bm, DD_ARRAY_REFCOUNT, 4, 10, 0);
-	KUNIT_ASSERT_EQ(test, dd_array_grow(&empty, 5000), 0);
+	KUNIT_ASSERT_EQ(test, dd_array_grow(&empty, 5000, buf), 0);
 	KUNIT_EXPECT_EQ(test, empty.root, 0);
 	KUNIT_EXPECT_EQ(test, empty.height, 1);
 	dd_test_set(test, &empty, 4999);
@@ -525,6 +527,13 @@ static void dd_array_test_grow(struct kunit *test)
 	dd_test_expect(test, &a, 0, true);
 	dd_test_expect(test, &a, 508, true);
 	dd_test_expect(test, &a, big - 1, true);
+
+	/* damage past the old end would become live: refused */
+	dd_array_init(&cut, bm, DD_ARRAY_MAP, 8, 60, 0);
+	dd_test_set(test, &cut, 59);
+	cut.nr_entries = 50;
+	KUNIT_EXPECT_EQ(test, dd_array_grow(&cut, 1000, buf), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, cut.nr_entries, 50);
 }
 
 /* A lookup that must not sleep fails instead of reading the device. */

@@ -218,8 +218,9 @@ int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
  * keeps its number and its path below the new levels, and the entries
  * past the old end read as zero, as they did in the old last leaf.
  */
-int dd_array_grow(struct dd_array *a, u64 nr_entries)
+int dd_array_grow(struct dd_array *a, u64 nr_entries, void *leaf_buf)
 {
+	u32 used;
 	struct dd_block_kind kind;
 	struct dd_array grown;
 	struct dd_block blk;
@@ -227,6 +228,23 @@ int dd_array_grow(struct dd_array *a, u64 nr_entries)
 
 	if (nr_entries < a->nr_entries)
 		return -EINVAL;
+	div_u64_rem(a->nr_entries, a->per_leaf, &used);
+	/*
+	 * Nothing reads the slots past the end of the old last leaf, so
+	 * damage there went unnoticed; growing would make it live.
+	 */
+	if (used && nr_entries > a->nr_entries) {
+		r = dd_array_read_leaf(a, div_u64(a->nr_entries, a->per_leaf),
+				       leaf_buf);
+		if (r)
+			return r;
+		if (memchr_inv((u8 *)leaf_buf + used * a->entry_size, 0,
+			       (a->per_leaf - used) * a->entry_size)) {
+			DMERR("array %u: non-zero entries past its end (%llu)",
+			      a->id, a->nr_entries);
+			return -EILSEQ;
+		}
+	}
 	dd_array_init(&grown, a->bm, a->id, a->entry_size, nr_entries, a->root);
 	while (a->root && a->height < grown.height) {
 		dd_kind(a, a->height + 1, &kind);

@@ -25,8 +25,12 @@ typedef int (*dd_leaf_fn)(void *ctx, u64 first_index, const void *entries,
 void dd_array_init(struct dd_array *a, struct dd_bm *bm, u8 id,
 		   u32 entry_size, u64 nr_entries, u64 root);
 u64 dd_array_max_blocks(u32 entry_size, u64 nr_entries);
-/* To @nr_entries, at least the current count; new entries read as zero. */
-int dd_array_grow(struct dd_array *a, u64 nr_entries);
+/*
+ * To @nr_entries, at least the current count; new entries read as zero.
+ * @leaf_buf: room for one leaf's entries. -EILSEQ when the old last
+ * leaf has non-zero entries past the old end, which growing would expose.
+ */
+int dd_array_grow(struct dd_array *a, u64 nr_entries, void *leaf_buf);
 
 int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait);
 int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,

@@ -91,6 +91,9 @@ static void dd_abort_work(struct work_struct *w)
 	else if (dd_md_needs_check(dc->md))
 		DMERR("%s: needs_check saved in the superblock: read-only until checked",
 		      dd_name(dc));
+	else
+		DMERR("%s: needs_check not saved (read_only table): run dedup check",
+		      dd_name(dc));
 }
 
 void dd_metadata_error_shared(struct dedup_c *dc, const char *what, int r)

@@ -1476,6 +1476,11 @@ static void dd_md_test_txn_limit(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, DD_MAX_TXN);
 	dd_test_expect_map(test, md, 0, 0);
 	dd_test_md_close(test, md);
+	/* growing needs a commit, and none is left */
+	cfg->data_blocks = 200;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "transaction id limit"));
+	cfg->data_blocks = 100;
 
 	dd_test_set_txn(test, bdev, raw, DD_MAX_TXN + 1);
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);

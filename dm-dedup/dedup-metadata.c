@@ -190,6 +190,12 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 		*error = "cannot shrink the data device (field data_blocks)";
 		return -EINVAL;
 	}
+	if (le64_to_cpu(sb->hdr.txn) >= DD_MAX_TXN &&
+	    (dd_grows(cfg->logical_blocks, sb->logical_blocks) ||
+	     dd_grows(cfg->data_blocks, sb->data_blocks))) {
+		*error = "cannot grow at the transaction id limit: run dedup repair";
+		return -EINVAL;
+	}
 	if (md->read_only && (dd_grows(cfg->logical_blocks, sb->logical_blocks) ||
 			      dd_grows(cfg->data_blocks, sb->data_blocks))) {
 		*error = md->needs_check ?
@@ -320,11 +326,15 @@ static int dd_grow(struct dd_metadata *md, char **error)
 	if (!dd_grows(logical, sb->logical_blocks) &&
 	    !dd_grows(data, sb->data_blocks))
 		return 0;
-	r = dd_array_grow(&md->map, logical);
+	r = dd_array_grow(&md->map, logical, md->leaf_buf);
 	if (!r)
-		r = dd_array_grow(&md->refcount, data);
+		r = dd_array_grow(&md->refcount, data, md->leaf_buf);
 	if (!r)
-		r = dd_array_grow(&md->fingerprint, data);
+		r = dd_array_grow(&md->fingerprint, data, md->leaf_buf);
+	if (r == -EILSEQ) {
+		*error = "metadata is damaged (entries past an array's end); run dedup check";
+		return r;
+	}
 	if (r) {
 		*error = "cannot grow the metadata";
 		return r;

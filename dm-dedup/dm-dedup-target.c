@@ -206,6 +206,11 @@ static void dedup_postsuspend(struct dm_target *ti)
 	 * the metadata, has nothing left to commit.
 	 */
 	dd_commit_settled(dc);
+	/*
+	 * A failed final commit may have queued the needs_check superblock
+	 * write: it must land before a reloaded table opens the metadata.
+	 */
+	flush_workqueue(dc->commit_wq);
 }
 
 static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,

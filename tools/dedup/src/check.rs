@@ -1018,8 +1018,9 @@ pub fn superblock_rules(sb: &Superblock) -> Vec<(Severity, &'static str, String)
         );
     }
     if sb.flags & !SB_KNOWN_FLAGS != 0 {
+        // Its own code: the sizes and roots stay usable for repair.
         e(
-            "superblock",
+            "unknown_flags",
             format!(
                 "unknown flags {:#x}: the kernel refuses to activate",
                 sb.flags & !SB_KNOWN_FLAGS

@@ -587,7 +587,8 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
     nsb.fingerprint_root = 0;
     nsb.mapped_blocks = sum.mapped_after;
     nsb.used_data_blocks = sum.live_after;
-    // The repaired state is consistent: the kernel may use it read-write.
+    // The repaired state is consistent: the kernel may use it read-write,
+    // and it refuses flags it does not know.
     if nsb.flags & SB_NEEDS_CHECK != 0 {
         ch.add(
             "superblock",
@@ -597,7 +598,19 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
             "superblock: flag needs_check cleared".into(),
         );
     }
-    nsb.flags &= !SB_NEEDS_CHECK;
+    if nsb.flags & !SB_KNOWN_FLAGS != 0 {
+        ch.add(
+            "superblock",
+            "unknown_flags",
+            None,
+            0,
+            format!(
+                "superblock: unknown flags {:#x} cleared",
+                nsb.flags & !SB_KNOWN_FLAGS
+            ),
+        );
+    }
+    nsb.flags = 0;
     Ok(Plan {
         spec: ImageSpec {
             sb: nsb,

@@ -700,3 +700,24 @@ fn render_lists_every_change() {
     assert_eq!(v[0]["code"], "map_lost");
     assert_eq!(v[0]["first"], 508);
 }
+
+/// Repair writes a superblock the kernel loads read-write: needs_check and
+/// bits the kernel does not know are cleared, each said as a change.
+#[test]
+fn flags_are_cleared() {
+    let mut spec = spec_with(&sample_mappings(), "sha256", 32);
+    spec.sb.flags = SB_NEEDS_CHECK | 0x4;
+    let (mut d, _) = build(&spec);
+    let (r, _) = run_check(&d);
+    assert!(!r.clean() && r.has("needs_check"), "{:#?}", r.problems);
+    let (p, c, _) = repair_ok(&mut d, None);
+    let cs = codes(&p);
+    assert!(
+        cs.contains(&"needs_check") && cs.contains(&"unknown_flags"),
+        "{cs:?}"
+    );
+    assert!(messages(&p).contains("unknown flags 0x4 cleared"));
+    assert_mappings(&c, sample_mappings().into_iter());
+    let (r, _) = run_check(&d);
+    assert_eq!(r.superblock.unwrap().flags, 0);
+}
