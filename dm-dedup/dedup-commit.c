@@ -85,14 +85,14 @@ static void dd_abort_work(struct work_struct *w)
 	 */
 	r = dd_md_flag_needs_check(dc->md);
 	up_write(&dc->lock);
-	if (r)
+	if (r < 0)
 		DMERR("%s: cannot record needs_check in the superblock (error %d)",
 		      dd_name(dc), r);
-	else if (dd_md_needs_check(dc->md))
+	else if (r)
 		DMERR("%s: needs_check saved in the superblock: read-only until checked",
 		      dd_name(dc));
 	else
-		DMERR("%s: needs_check not saved (read_only table): run dedup check",
+		DMERR("%s: needs_check not saved in the superblock: run dedup check",
 		      dd_name(dc));
 }
 

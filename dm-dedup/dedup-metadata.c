@@ -151,6 +151,13 @@ static bool dd_grows(u64 table, __le64 recorded)
 	return table > le64_to_cpu(recorded);
 }
 
+/* The table is larger than the superblock md->sb in either size. */
+static bool dd_table_grows(const struct dd_metadata *md)
+{
+	return dd_grows(md->cfg.logical_blocks, md->sb.logical_blocks) ||
+	       dd_grows(md->cfg.data_blocks, md->sb.data_blocks);
+}
+
 /* The table and the metadata must describe the same device, or a grown one. */
 static int dd_check_sb(struct dd_metadata *md, char **error)
 {
@@ -190,14 +197,11 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 		*error = "cannot shrink the data device (field data_blocks)";
 		return -EINVAL;
 	}
-	if (le64_to_cpu(sb->hdr.txn) >= DD_MAX_TXN &&
-	    (dd_grows(cfg->logical_blocks, sb->logical_blocks) ||
-	     dd_grows(cfg->data_blocks, sb->data_blocks))) {
+	if (le64_to_cpu(sb->hdr.txn) >= DD_MAX_TXN && dd_table_grows(md)) {
 		*error = "cannot grow at the transaction id limit: run dedup repair";
 		return -EINVAL;
 	}
-	if (md->read_only && (dd_grows(cfg->logical_blocks, sb->logical_blocks) ||
-			      dd_grows(cfg->data_blocks, sb->data_blocks))) {
+	if (md->read_only && dd_table_grows(md)) {
 		*error = md->needs_check ?
 			 "cannot grow a device flagged needs_check: run dedup check first" :
 			 "cannot grow a read-only device: load the larger table without read_only";
@@ -323,8 +327,7 @@ static int dd_grow(struct dd_metadata *md, char **error)
 	u64 logical = md->cfg.logical_blocks, data = md->cfg.data_blocks;
 	int r;
 
-	if (!dd_grows(logical, sb->logical_blocks) &&
-	    !dd_grows(data, sb->data_blocks))
+	if (!dd_table_grows(md))
 		return 0;
 	r = dd_array_grow(&md->map, logical, md->leaf_buf);
 	if (!r)
@@ -456,11 +459,12 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		r = dd_check_sb(md, error);
 		if (!r && !cfg->identity_only)
 			r = dd_activate(md, error);
-		if (!r && !cfg->identity_only && !md->read_only)
+		/* dd_check_sb refused growth at DD_MAX_TXN */
+		if (!r && !cfg->identity_only && !md->read_only) {
 			r = dd_grow(md, error);
-		if (!r && !cfg->identity_only && !md->read_only &&
-		    le64_to_cpu(md->sb.hdr.txn) < DD_MAX_TXN)
-			r = dd_commit_loaded(md, error);
+			if (!r && le64_to_cpu(md->sb.hdr.txn) < DD_MAX_TXN)
+				r = dd_commit_loaded(md, error);
+		}
 		if (r)
 			goto bad;
 	}
@@ -1088,13 +1092,15 @@ int dd_md_flag_needs_check(struct dd_metadata *md)
 {
 	struct dd_superblock sb;
 	u64 txn;
-	int r = 0;
+	int r;
 
 	down_write(&md->lock);
 	dd_abort(md);
 	txn = le64_to_cpu(md->sb.hdr.txn) + 1;
-	if (md->needs_check || md->cfg.read_only || txn > DD_MAX_TXN)
+	if (md->needs_check || md->cfg.read_only || txn > DD_MAX_TXN) {
+		r = md->needs_check;
 		goto out;
+	}
 	sb = md->sb;
 	sb.flags |= cpu_to_le32(DD_SB_NEEDS_CHECK);
 	sb.hdr.txn = cpu_to_le64(txn);
@@ -1102,6 +1108,7 @@ int dd_md_flag_needs_check(struct dd_metadata *md)
 	if (!r) {
 		md->sb = sb;
 		md->needs_check = true;
+		r = 1;
 	}
 out:
 	up_write(&md->lock);

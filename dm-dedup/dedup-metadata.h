@@ -191,8 +191,9 @@ bool dd_md_dirty(struct dd_metadata *md);
 /*
  * Damage was found: roll back to the last commit and record the flag in
  * its superblock, so that every later open is read-only in needs_check
- * mode until the tools clear it. Not for a read_only table, which never
- * writes. < 0 when the superblock could not be written.
+ * mode until the tools clear it. 1: the flag is on disk (now or already);
+ * 0: not written (a read_only table never writes; at DD_MAX_TXN no
+ * generation is left); < 0: the superblock write failed.
  */
 int dd_md_flag_needs_check(struct dd_metadata *md);
 /* The superblock carried DD_SB_NEEDS_CHECK when opened: read-only. */

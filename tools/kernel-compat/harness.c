@@ -203,6 +203,10 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "flag")) {
 		/* what the target does when it finds damage while running */
 		r = dd_md_flag_needs_check(md);
+		if (r == 1)
+			r = 0;		/* the flag is on disk */
+		else if (!r)
+			r = -EROFS;	/* nothing written */
 		print_stats(md);
 	} else if (!strcmp(cmd, "map")) {
 		r = print_map(md, cfg.logical_blocks);
