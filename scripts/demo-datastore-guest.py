@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "guest"))
 
 import ddlib  # noqa: E402
 import vmimages  # noqa: E402
-from ddlib import BLOCK, MIB, run  # noqa: E402
+from ddlib import BLOCK, MIB, DedupDev, run  # noqa: E402
+from lvm import lvm  # noqa: E402
 from netns import NetPair  # noqa: E402
 from nfs import NfsServer  # noqa: E402
 
@@ -40,24 +41,6 @@ MOUNT = "/tmp/dd-demo-nfs"
 
 def say(msg):
     print("demo: " + msg, flush=True)
-
-
-def lvm(*args, devices):
-    return run(["env", "LVM_SUPPRESS_FD_WARNINGS=1", args[0], "--devices", devices] +
-               list(args[1:]))
-
-
-def status_fields():
-    return ddlib.parse_status(run(["dmsetup", "status", NAME]).stdout.strip())
-
-
-def stats():
-    out = run(["dmsetup", "message", NAME, "0", "stats"]).stdout
-    return {k: v for k, v in (l.split(None, 1) for l in out.splitlines() if l.strip())}
-
-
-def commit():
-    run(["dmsetup", "message", NAME, "0", "commit"])
 
 
 def main(undo):
@@ -82,16 +65,14 @@ def main(undo):
     say("LVM: volume group %s on %s (metadata disk) and %s (data disk)" % (VG, ssd, hdd))
     lvm("pvcreate", "-q", "-y", ssd, hdd, devices=devs)
     lvm("vgcreate", "-q", VG, ssd, hdd, devices=devs)
-    undo.append(lambda: run(["env", "LVM_SUPPRESS_FD_WARNINGS=1", "vgremove", "-q", "-f",
-                             "--devices", devs, VG], check=False))
+    undo.append(lambda: lvm("vgremove", "-q", "-f", VG, devices=devs, check=False))
     lvm("lvcreate", "-q", "-y", "-Wy", "-Zy", "-n", "meta", "-l", "100%PVS", VG, ssd, devices=devs)
     lvm("lvcreate", "-q", "-y", "-Wy", "-Zy", "-n", "data", "-l", "100%PVS", VG, hdd, devices=devs)
-    table = "0 %d dedup /dev/%s/meta /dev/%s/data" % ((4 << 30) // 512, VG, VG)
-    say('dmsetup create %s --table "%s"' % (NAME, table))
-    run(["dmsetup", "create", NAME, "--table", table])
+    dd = DedupDev(NAME, "/dev/%s/meta" % VG, "/dev/%s/data" % VG, (4 << 30) // 512)
+    say('dmsetup create %s --table "%s"' % (NAME, dd.table_line()))
+    dd.activate()
     undo.append(lambda: run(["dmsetup", "remove", "--retry", NAME], check=False))
-    ddlib.udev_settle()
-    dev = "/dev/mapper/" + NAME
+    dev = dd.path
 
     say("mkfs.xfs on the dedup device, mounted at %s on the storage server" % EXPORT)
     run(["mkfs.xfs", "-q", "-f", dev])
@@ -121,8 +102,8 @@ def main(undo):
     say("images built in %.0f s: %s" % (time.monotonic() - t0, ", ".join(
         "%s %d MiB" % (n, imgs[n][2] >> 20) for n in names)))
 
-    commit()
-    st0 = stats()
+    dd.commit()
+    st0 = dd.stats()
     t0 = time.monotonic()
     for n in names:
         t1 = time.monotonic()
@@ -131,8 +112,8 @@ def main(undo):
         say("copied %s over NFS: %.1f s" % (n, time.monotonic() - t1))
     copy_s = time.monotonic() - t0
     written = sum(imgs[n][2] for n in names)
-    commit()
-    st1 = stats()
+    dd.commit()
+    st1 = dd.stats()
 
     say("reading every image back through NFS (caches dropped) and comparing")
     vmimages.drop_caches()
@@ -145,9 +126,8 @@ def main(undo):
     os.unlink(os.path.join(MOUNT, victim))
     os.sync()
     run(["fstrim", "-v", EXPORT])
-    commit()
-    commit()
-    st2 = stats()
+    dd.commit()
+    st2 = dd.stats()
 
     used = int(st1["data_blocks_used"]) - int(st0["data_blocks_used"])
     dups = int(st1["duplicate_writes"]) - int(st0["duplicate_writes"])
@@ -158,7 +138,7 @@ def main(undo):
     print(run(["df", "-h", MOUNT]).stdout.rstrip())
     print()
     print("---- dmsetup status %s ----" % NAME)
-    print(run(["dmsetup", "status", NAME]).stdout.rstrip())
+    print(dd.status_line())
     print()
     print("---- summary ----")
     print("VM images copied over NFS:      %d, %.1f MiB in %.0f s (%.1f MiB/s)" % (
@@ -170,7 +150,7 @@ def main(undo):
         print("space saved:                    %.1f %%  (%.2f : 1)" % (
             100.0 * (1 - used * BLOCK / written), written / (used * BLOCK)))
     print("freed by delete + fstrim:       %.1f MiB (%s)" % (freed * BLOCK / MIB, victim))
-    print("mode:                           %s" % status_fields()["mode"])
+    print("mode:                           %s" % dd.status()["mode"])
     if bad:
         say("verification FAILED: %s" % ", ".join(bad))
         return 1

@@ -358,6 +358,12 @@ class DedupDev:
     def suspend(self, *flags):
         run(["dmsetup", "suspend"] + list(flags) + [self.name])
 
+    def reload(self, table=None):
+        """dmsetup reload with @table (default: this device's table line),
+        then resume: the new table takes over at the resume."""
+        run(["dmsetup", "reload", self.name, "--table", table or self.table_line()])
+        self.resume()
+
     def resume(self):
         run(["dmsetup", "resume", self.name])
 

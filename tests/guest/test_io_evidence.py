@@ -211,21 +211,18 @@ def test_dedup_on_logical_volumes_ext4_and_lvextend(make_dedup, backing, seed):
 
     total0 = int(st["metadata_blocks_total"])
     assert vg.extend("meta", 16) == 32 << 20
-    run(["dmsetup", "reload", dev.name, "--table", dev.table_line()])
-    run(["dmsetup", "resume", dev.name])
+    dev.reload()
     dev.commit()
     assert int(dev.stats()["metadata_blocks_total"]) == total0 + (16 << 20) // BLOCK
 
     data0 = int(dev.stats()["data_blocks_total"])
     vg.extend("data", 32)
-    run(["dmsetup", "reload", dev.name, "--table", dev.table_line()])
-    run(["dmsetup", "resume", dev.name])
+    dev.reload()
     assert int(dev.stats()["data_blocks_total"]) == data0 + (32 << 20) // BLOCK
     assert dev.status()["mode"] == "rw"
     # the logical size, then the mounted file system over it
     dev.logical_sectors *= 2
-    run(["dmsetup", "reload", dev.name, "--table", dev.table_line()])
-    run(["dmsetup", "resume", dev.name])
+    dev.reload()
     run(["resize2fs", dev.path])
     assert os.statvfs(mnt).f_blocks * os.statvfs(mnt).f_frsize > 768 << 20
     with open(os.path.join(mnt, "image4"), "wb") as f:
