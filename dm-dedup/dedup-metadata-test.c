@@ -18,6 +18,8 @@
 #define DD_SB_OFF_REFCOUNT_ROOT	120
 #define DD_SB_OFF_MAPPED	136
 #define DD_SB_OFF_FORMAT_TIME	184
+#define DD_SB_OFF_SAVED_ROOT	192
+#define DD_SB_OFF_SAVED_WORDS	200
 
 /*
  * What the metadata reported: the blocks its verbs freed, the runs its
@@ -1595,6 +1597,213 @@ static void dd_md_test_commit_churn(struct kunit *test)
 	}
 }
 
+/* What a target keeps beside the metadata, for dd_md_save. */
+#define DD_TEST_SAVED_WORDS	600	/* more than one leaf of words */
+#define DD_TEST_LAYOUT		0x54534554	/* "TEST" */
+
+static int dd_test_saved_refusals;
+
+static int dd_test_saved_ok(void *ctx, const struct dd_md_saved *s)
+{
+	return dd_test_saved_refusals ? -EILSEQ : 0;
+}
+
+static struct dd_md_saved *dd_test_saved(struct kunit *test,
+					 struct dd_md_config *cfg)
+{
+	struct dd_md_saved *s = kunit_kzalloc(test, sizeof(*s), GFP_KERNEL);
+
+	KUNIT_ASSERT_NOT_NULL(test, s);
+	s->nr_words = DD_TEST_SAVED_WORDS;
+	s->words = kunit_kcalloc(test, s->nr_words, sizeof(u64), GFP_KERNEL);
+	KUNIT_ASSERT_NOT_NULL(test, s->words);
+	s->head[0] = DD_TEST_LAYOUT;
+	cfg->saved = s;
+	cfg->saved_ok = dd_test_saved_ok;
+	dd_test_saved_refusals = 0;
+	return s;
+}
+
+/* Empty again, as a target hands it to an open. */
+static void dd_test_saved_clear(struct dd_md_saved *s)
+{
+	memset(s->words, 0, s->nr_words * sizeof(u64));
+	memset(s->head, 0, sizeof(s->head));
+	s->head[0] = DD_TEST_LAYOUT;
+	s->loaded = false;
+}
+
+/* Close after saving @s filled with a pattern that starts at @seed. */
+static void dd_test_save_close(struct kunit *test, struct dd_metadata *md,
+			       struct dd_md_saved *s, u64 seed)
+{
+	u64 i;
+
+	for (i = 0; i < s->nr_words; i++)
+		s->words[i] = i < 508 ? seed + i : 0;	/* leaf 2 absent */
+	s->head[1] = seed;
+	KUNIT_ASSERT_EQ(test, dd_md_save(md, s), 0);
+	/* the save describes this state: nothing may change it any more */
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), -EROFS);
+	dd_test_md_close(test, md);
+}
+
+static void dd_test_expect_saved(struct kunit *test,
+				 const struct dd_md_saved *s, u64 seed)
+{
+	u64 i;
+
+	KUNIT_ASSERT_TRUE(test, s->loaded);
+	KUNIT_EXPECT_EQ(test, s->head[0], DD_TEST_LAYOUT);
+	KUNIT_EXPECT_EQ(test, s->head[1], seed);
+	for (i = 0; i < s->nr_words; i++)
+		KUNIT_EXPECT_EQ(test, s->words[i], i < 508 ? seed + i : 0);
+}
+
+/*
+ * A clean close saves the allocation state and the target's words; the
+ * next open loads them instead of visiting every live block, to the
+ * same state, and its commit drops the save again.
+ */
+static void dd_md_test_saved(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_md_saved *s = dd_test_saved(test, cfg);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	struct dd_md_stats st, st2;
+	u64 hole;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	KUNIT_EXPECT_FALSE(test, s->loaded);	/* formatted: nothing saved */
+	dd_test_write(test, md, 1, 1);
+	hole = dd_test_write(test, md, 2, 2);
+	dd_test_write(test, md, 3, 3);
+	dd_test_share(test, md, 4, 0);
+	dd_test_write(test, md, 2, 5);		/* frees the block of lba 2 */
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	st = dd_test_stats(md);
+	dd_test_save_close(test, md, s, 1000);
+	dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_NE(test, get_unaligned_le64(raw + DD_SB_OFF_SAVED_ROOT), 0);
+
+	/* read-only: loaded, and the save stays named */
+	dd_test_saved_clear(s);
+	ev->visited = 0;
+	cfg->read_only = true;
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_saved(test, s, 1000);
+	KUNIT_EXPECT_EQ(test, ev->visited, 0);
+	dd_test_md_close(test, md);
+	cfg->read_only = false;
+
+	dd_test_saved_clear(s);
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_saved(test, s, 1000);
+	KUNIT_EXPECT_EQ(test, ev->visited, 0);
+	st2 = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st2.mapped, st.mapped);
+	KUNIT_EXPECT_EQ(test, st2.data_live, st.data_live);
+	/* the freed block cooled off: free after the load, as after a walk */
+	KUNIT_EXPECT_EQ(test, st2.data_used, st.data_live);
+	/* the save's own blocks left with the load's commit */
+	KUNIT_EXPECT_EQ(test, st2.metadata_used, st.metadata_used);
+	dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + DD_SB_OFF_SAVED_ROOT), 0);
+	dd_test_expect_map(test, md, 4, 0);
+	/* the allocator came back with its hole, and only that */
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), hole);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 4);
+	dd_test_md_close(test, md);
+
+	/* no save named: a rebuild from the live blocks */
+	dd_test_saved_clear(s);
+	ev->visited = 0;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_FALSE(test, s->loaded);
+	KUNIT_EXPECT_EQ(test, ev->visited, 3);
+	dd_test_save_close(test, md, s, 2000);
+}
+
+/*
+ * An open that must not load the save: the three live blocks of
+ * dd_md_test_saved_refused are visited, from a clean slate.
+ */
+static void dd_test_expect_rebuilt(struct kunit *test,
+				   struct block_device *bdev,
+				   struct dd_md_config *cfg, struct dd_md_saved *s)
+{
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_metadata *md;
+	u64 layout = s->head[0];
+
+	dd_test_saved_clear(s);
+	s->head[0] = layout;
+	ev->visited = 0;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_FALSE(test, s->loaded);
+	KUNIT_EXPECT_EQ(test, ev->visited, 3);
+	KUNIT_EXPECT_EQ(test, s->words[5], 0);	/* wiped for the rebuild */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 3);
+	dd_test_md_close(test, md);
+}
+
+/* Every save that does not fit the open falls back to the rebuild. */
+static void dd_md_test_saved_refused(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_md_saved *s = dd_test_saved(test, cfg);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 words;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	dd_test_write(test, md, 1, 1);
+	dd_test_write(test, md, 2, 2);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	/* something left to commit: no save */
+	dd_test_write(test, md, 3, 3);
+	KUNIT_EXPECT_EQ(test, dd_md_save(md, s), -EBUSY);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_save_close(test, md, s, 1);
+	dd_test_sb_slot(test, bdev, raw);
+	words = get_unaligned_le64(raw + DD_SB_OFF_SAVED_WORDS);
+
+	cfg->read_only = true;	/* so that every open finds the same save */
+	/* the target refuses its part */
+	dd_test_saved_refusals = 1;
+	dd_test_expect_rebuilt(test, bdev, cfg, s);
+	dd_test_saved_refusals = 0;
+
+	/* another layout of the target's words */
+	s->head[0] = DD_TEST_LAYOUT + 1;
+	dd_test_expect_rebuilt(test, bdev, cfg, s);
+
+	/* other sizes */
+	s->nr_words--;
+	dd_test_expect_rebuilt(test, bdev, cfg, s);
+	s->nr_words++;
+
+	/* named by another superblock than the one it was written with */
+	dd_test_patch_sb(test, bdev, 16, get_unaligned_le64(raw + 16) + 2, 8);
+	dd_test_expect_rebuilt(test, bdev, cfg, s);
+	dd_test_patch_sb(test, bdev, 16, get_unaligned_le64(raw + 16), 8);
+
+	/* a length that does not match the layout */
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_SAVED_WORDS, words + 1, 8);
+	dd_test_expect_rebuilt(test, bdev, cfg, s);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_SAVED_WORDS, words, 8);
+
+	/* intact again: loads */
+	dd_test_saved_clear(s);
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_saved(test, s, 1);
+	dd_test_md_close(test, md);
+}
+
 static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_format),
 	KUNIT_CASE(dd_md_test_open_refused),
@@ -1621,6 +1830,8 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_txn_limit),
 	KUNIT_CASE(dd_md_test_damaged_tree),
 	KUNIT_CASE(dd_md_test_map_beyond_data),
+	KUNIT_CASE(dd_md_test_saved),
+	KUNIT_CASE(dd_md_test_saved_refused),
 	KUNIT_CASE_SLOW(dd_md_test_commit_churn),
 	{}
 };

@@ -14,6 +14,7 @@
 
 #include "dedup-array.h"
 #include "dedup-metadata.h"
+#include "dedup-saved.h"
 
 /*
  * md->lock guards everything in here but the data allocator: lookups take
@@ -112,6 +113,9 @@ static void dd_fill_sb(struct dd_metadata *md, struct dd_superblock *sb)
 	sb->duplicate_writes = cpu_to_le64(md->duplicate_writes);
 	sb->zero_writes = cpu_to_le64(md->zero_writes);
 	sb->discarded_blocks = cpu_to_le64(md->discarded);
+	/* A save describes one superblock's state only: dd_md_save's. */
+	sb->saved_root = 0;
+	sb->saved_words = 0;
 }
 
 /* The accounting of the last commit, as the running transaction's start. */
@@ -271,6 +275,45 @@ static int dd_scan_fingerprints(void *ctx, u64 first, const void *entries,
 	return 0;
 }
 
+/*
+ * The state saved at the last clean close, if the superblock names one
+ * and it matches: then no tree needs a walk. Anything amiss (a save left
+ * behind by a superblock that was lost, other sizes) means a rebuild,
+ * from a clean slate.
+ */
+static bool dd_activate_saved(struct dd_metadata *md)
+{
+	const struct dd_superblock *sb = &md->sb;
+	struct dd_md_saved *saved = md->cfg.saved;
+	const char *why = NULL;
+	int r;
+
+	if (!saved || !sb->saved_root)
+		return false;
+	r = dd_saved_load(md->bm, &md->data, le64_to_cpu(sb->saved_root),
+			  le64_to_cpu(sb->saved_words),
+			  le64_to_cpu(sb->hdr.txn), saved, &why);
+	if (!r && md->data.nr_used != le64_to_cpu(sb->used_data_blocks)) {
+		why = "live data blocks differ from the superblock";
+		r = -EILSEQ;
+	}
+	if (!r && md->cfg.saved_ok && md->cfg.saved_ok(md->cfg.ctx, saved)) {
+		why = "the target refused its part";
+		r = -EILSEQ;
+	}
+	if (!r) {
+		saved->loaded = true;
+		return true;
+	}
+	DMWARN("the state saved at the last clean close is not usable (%s); rebuilding it",
+	       why);
+	dd_space_reset(&md->bm->space);
+	dd_space_reset(&md->data);
+	memset(&saved->head[1], 0, sizeof(saved->head) - sizeof(saved->head[0]));
+	memset(saved->words, 0, array_size(saved->nr_words, sizeof(u64)));
+	return false;
+}
+
 static int dd_activate(struct dd_metadata *md, char **error)
 {
 	const struct dd_superblock *sb = &md->sb;
@@ -289,6 +332,10 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		      DD_FP_SIZE, le64_to_cpu(sb->data_blocks),
 		      le64_to_cpu(sb->fingerprint_root));
 
+	if (dd_activate_saved(md)) {
+		dd_load_committed_counters(md);
+		return 0;
+	}
 	r = dd_array_walk(&md->map, NULL, NULL);
 	if (!r)
 		r = dd_array_walk(&md->refcount, dd_scan_refcounts, &scan);
@@ -987,9 +1034,36 @@ int dd_md_writeback_error(struct dd_metadata *md)
  */
 static void dd_abort(struct dd_metadata *md);
 
-int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
+/*
+ * Every block of the running transaction, then the superblock naming
+ * it (and the save at @saved_root, if any): the transaction becomes the
+ * committed state, or it is aborted.
+ */
+static int dd_write_state(struct dd_metadata *md, u64 saved_root,
+			  u64 saved_words)
 {
 	struct dd_superblock sb;
+	int r;
+
+	lockdep_assert_held_write(&md->lock);
+	r = dd_bm_write_all(md->bm);
+	if (!r) {
+		dd_fill_sb(md, &sb);
+		sb.saved_root = cpu_to_le64(saved_root);
+		sb.saved_words = cpu_to_le64(saved_words);
+		r = dd_bm_write_super(md->bm, &sb);
+	}
+	if (r) {
+		dd_abort(md);
+		return r;
+	}
+	md->sb = sb;
+	dd_bm_next_txn(md->bm);
+	return 0;
+}
+
+int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
+{
 	int r = 0;
 
 	down_write(&md->lock);
@@ -1000,17 +1074,9 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 	/* nr_cooling changes only here, under md->lock held exclusive. */
 	if (!md->dirty && !md->data.nr_cooling)
 		goto out;
-	r = dd_bm_write_all(md->bm);
-	if (!r) {
-		dd_fill_sb(md, &sb);
-		r = dd_bm_write_super(md->bm, &sb);
-	}
-	if (r) {
-		dd_abort(md);
+	r = dd_write_state(md, 0, 0);
+	if (r)
 		goto out;
-	}
-	md->sb = sb;
-	dd_bm_next_txn(md->bm);
 	md->dirty = false;
 	dd_space_commit(&md->bm->space, NULL, NULL);
 	mutex_lock(&md->data_lock);
@@ -1103,6 +1169,9 @@ int dd_md_flag_needs_check(struct dd_metadata *md)
 	}
 	sb = md->sb;
 	sb.flags |= cpu_to_le32(DD_SB_NEEDS_CHECK);
+	/* Damaged metadata is walked at the next open, never loaded. */
+	sb.saved_root = 0;
+	sb.saved_words = 0;
 	sb.hdr.txn = cpu_to_le64(txn);
 	r = dd_bm_write_super(md->bm, &sb);
 	if (!r) {
@@ -1110,6 +1179,36 @@ int dd_md_flag_needs_check(struct dd_metadata *md)
 		md->needs_check = true;
 		r = 1;
 	}
+out:
+	up_write(&md->lock);
+	return r;
+}
+
+int dd_md_save(struct dd_metadata *md, const struct dd_md_saved *saved)
+{
+	u64 root, words;
+	int r;
+
+	down_write(&md->lock);
+	r = -EROFS;
+	if (md->read_only)
+		goto out;
+	r = -EBUSY;
+	if (md->dirty)
+		goto out;
+	r = -EOVERFLOW;
+	if (md->bm->txn > DD_MAX_TXN)
+		goto out;
+	mutex_lock(&md->data_lock);
+	r = dd_saved_write(md->bm, &md->data, saved, md->leaf_buf, &root,
+			   &words);
+	mutex_unlock(&md->data_lock);
+	if (!r)
+		r = dd_write_state(md, root, words);
+	if (r)
+		goto out;
+	/* The save describes this state: nothing may change it now. */
+	WRITE_ONCE(md->read_only, true);
 out:
 	up_write(&md->lock);
 	return r;

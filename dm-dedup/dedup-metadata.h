@@ -25,6 +25,22 @@ typedef int (*dd_fp_visit_fn)(void *ctx, u64 pba, const u8 *fp);
 /* Called by dd_md_commit for each run of physical blocks that became reusable. */
 typedef void (*dd_reusable_fn)(void *ctx, u64 begin, u64 end);
 
+/*
+ * What the target keeps in RAM beside the metadata (its fingerprint
+ * index): saved at a clean close (dd_md_save) with the metadata's own
+ * allocation state, and loaded by the next open in place of a rebuild.
+ * @words (@nr_words of them) and @head belong to the target; head[0]
+ * names their layout, and a save of another layout is not loaded. The
+ * open fills them (zeroed beforehand), asks cfg->saved_ok and sets
+ * @loaded, or else calls cfg->visit for a rebuild.
+ */
+struct dd_md_saved {
+	u64 head[DD_SAVED_TARGET_HEAD];
+	u64 *words;
+	u64 nr_words;
+	bool loaded;
+};
+
 struct dd_md_config {
 	u64 logical_blocks;
 	u64 data_blocks;
@@ -39,6 +55,8 @@ struct dd_md_config {
 	bool identity_only;	/* check the table against it, then stop */
 	dd_fp_visit_fn visit;
 	void *ctx;		/* for visit */
+	struct dd_md_saved *saved;	/* may be NULL: always rebuild */
+	int (*saved_ok)(void *ctx, const struct dd_md_saved *saved);
 };
 
 struct dd_md_stats {
@@ -182,6 +200,14 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx);
 void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
 			void *ctx);
 void dd_md_abort(struct dd_metadata *md);
+/*
+ * At a clean close, after the last commit: write @saved and the
+ * allocation state, named by a new superblock, so that the next open
+ * loads them. Nothing may change afterwards (the metadata turns
+ * read-only). -EBUSY when something is left to commit; on other errors
+ * the device simply rebuilds at the next open.
+ */
+int dd_md_save(struct dd_metadata *md, const struct dd_md_saved *saved);
 /*
  * Is a commit due? Also after a commit that freed data blocks: they are
  * reused only after one more commit (see dedup-space.h), which this

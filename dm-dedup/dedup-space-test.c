@@ -409,6 +409,56 @@ static void dd_space_test_cool_frees(struct kunit *test)
 	KUNIT_EXPECT_FALSE(test, dd_space_is_used(s, 0));
 }
 
+/*
+ * The words a clean close saves are the blocks the last commit holds,
+ * and loading them into an empty allocator gives back the same state.
+ */
+static void dd_space_test_saved_words(struct kunit *test)
+{
+	struct dd_space *s = dd_test_space(test, 200, 2);
+	struct dd_space *t = dd_test_space(test, 200, 2);
+	u64 b, w[4];
+	int i;
+
+	KUNIT_ASSERT_EQ(test, dd_space_cool_frees(s), 0);
+	for (b = 2; b < 140; b++)
+		dd_test_alloc(test, s);
+	dd_space_release(s, 5);		/* pending */
+	dd_space_commit(s, NULL, NULL);	/* 5 cooling */
+	dd_space_release(s, 70);	/* pending */
+	for (i = 0; i < 4; i++)
+		w[i] = dd_space_committed_word(s, i);
+	/* the head is implied, 5 and 70 are on their way out */
+	KUNIT_EXPECT_EQ(test, w[0], ~0ULL << 2 & ~(1ULL << 5));
+	KUNIT_EXPECT_EQ(test, w[1], ~0ULL & ~(1ULL << 6));
+	KUNIT_EXPECT_EQ(test, w[2], (1ULL << 12) - 1);
+	KUNIT_EXPECT_EQ(test, w[3], 0);
+	KUNIT_EXPECT_EQ(test, dd_space_committed_word(s, 9), 0);
+
+	for (i = 0; i < 4; i++)
+		KUNIT_ASSERT_EQ(test, dd_space_load_word(t, i, w[i]), 0);
+	KUNIT_EXPECT_EQ(test, t->nr_used, 2 + 138 - 2);
+	/* what was on its way out is free in the loaded state */
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, t), 5);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, t), 70);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, t), 140);
+	/* a block taken twice, the head, or past the end: refused */
+	KUNIT_EXPECT_EQ(test, dd_space_load_word(t, 1, 1), -EEXIST);
+	KUNIT_EXPECT_EQ(test, dd_space_load_word(t, 0, 1), -ERANGE);
+	KUNIT_EXPECT_EQ(test, dd_space_load_word(t, 3, 1ULL << 8), -ERANGE);
+
+	/* everything taken leaves at the next commit */
+	dd_space_release_all(t);
+	KUNIT_EXPECT_EQ(test, t->nr_pending, t->nr_used - 2);
+	dd_space_commit(t, NULL, NULL);
+	KUNIT_EXPECT_EQ(test, t->nr_used, 2);
+
+	dd_space_reset(s);
+	KUNIT_EXPECT_EQ(test, s->nr_used, 2);
+	KUNIT_EXPECT_EQ(test, s->nr_pending + s->nr_cooling, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, s), 2);
+}
+
 static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_init_bounds),
 	KUNIT_CASE(dd_space_test_alloc_in_order),
@@ -422,6 +472,7 @@ static struct kunit_case dd_space_cases[] = {
 	KUNIT_CASE(dd_space_test_large),
 	KUNIT_CASE(dd_space_test_hold_frees),
 	KUNIT_CASE(dd_space_test_cool_frees),
+	KUNIT_CASE(dd_space_test_saved_words),
 	{}
 };
 

@@ -200,3 +200,88 @@ void dd_space_commit(struct dd_space *s,
 	}
 	s->nr_pending = 0;
 }
+
+/*
+ * Word @k of the blocks the last commit references, as saved at a clean
+ * close: bit i is block 64k + i. Blocks on their way out (pending,
+ * cooling, held) are not referenced, and the reserved head is implied.
+ */
+u64 dd_space_committed_word(const struct dd_space *s, u64 k)
+{
+	u64 first = k * 64, w = 0;
+	unsigned long i, n, x;
+
+	if (first >= s->nr_blocks)
+		return 0;
+	/* Whole longs at a time: the save runs over every block. */
+	for (i = 0; i < 64 / BITS_PER_LONG; i++) {
+		n = BIT_WORD(first) + i;
+		if (n >= BITS_TO_LONGS(s->nr_blocks))
+			break;
+		x = s->used[n] & ~s->pending[n];
+		if (s->cooling)
+			x &= ~s->cooling[n];
+		if (s->held)
+			x &= ~s->held[n];
+		w |= (u64)x << (i * BITS_PER_LONG);
+	}
+	/* The reserved head is implied, not saved; bits past the end are 0. */
+	if (first < s->first)
+		w &= s->first - first >= 64 ? 0 : ~0ULL << (s->first - first);
+	return w;
+}
+
+/*
+ * Activation from a saved state: the blocks of word @k (as
+ * dd_space_committed_word made it) are taken. -EEXIST when one already
+ * is, -ERANGE when one lies outside the range handed out.
+ */
+int dd_space_load_word(struct dd_space *s, u64 k, u64 bits)
+{
+	unsigned int i;
+	int r;
+
+	if (bits && k > (U64_MAX >> 6) - 1)
+		return -ERANGE;
+	while (bits) {
+		i = __ffs64(bits);
+		bits &= bits - 1;
+		r = dd_space_mark_used(s, k * 64 + i);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/*
+ * Every block taken so far leaves at the next commit: at activation from
+ * a saved state, the blocks of the save itself, which only the loaded
+ * superblock references.
+ */
+void dd_space_release_all(struct dd_space *s)
+{
+	unsigned long b;
+
+	for (b = find_next_bit(s->used, s->nr_blocks, s->first);
+	     b < s->nr_blocks; b = find_next_bit(s->used, s->nr_blocks, b + 1))
+		dd_space_release(s, b);
+}
+
+/* Back to nothing taken, as after dd_space_init: a load that failed. */
+void dd_space_reset(struct dd_space *s)
+{
+	size_t bytes = BITS_TO_LONGS(s->nr_blocks) * sizeof(unsigned long);
+
+	memset(s->used, 0, bytes);
+	memset(s->pending, 0, bytes);
+	if (s->cooling)
+		memset(s->cooling, 0, bytes);
+	if (s->held)
+		memset(s->held, 0, bytes);
+	s->nr_pending = 0;
+	s->nr_cooling = 0;
+	s->nr_held = 0;
+	s->cursor = s->first;
+	bitmap_set(s->used, 0, s->first);
+	s->nr_used = s->first;
+}

@@ -56,6 +56,10 @@ int dd_space_hold_frees(struct dd_space *s);
 bool dd_space_held_run(const struct dd_space *s, u64 from, u64 *begin,
 		       u64 *end);
 void dd_space_release_held(struct dd_space *s, u64 begin, u64 end);
+u64 dd_space_committed_word(const struct dd_space *s, u64 k);
+int dd_space_load_word(struct dd_space *s, u64 k, u64 bits);
+void dd_space_release_all(struct dd_space *s);
+void dd_space_reset(struct dd_space *s);
 
 static inline u64 dd_space_free_blocks(const struct dd_space *s)
 {

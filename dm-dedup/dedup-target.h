@@ -87,6 +87,8 @@ struct dedup_c {
 	bool verify;
 	bool discard_passdown;
 	bool read_only;
+	bool index_loaded;	/* at activation, from a clean close's save */
+	u64 activation_ms;	/* opening the metadata and the index */
 
 	/* dedup-commit.c */
 	struct mutex commit_mutex;	/* a whole commit, and the two below */
@@ -213,6 +215,9 @@ void dd_io_end(struct dedup_c *dc, struct bio *bio);
 /* dedup-decide.c */
 void dd_decide_init(struct dedup_c *dc);
 int dd_index_visit(void *ctx, u64 pba, const u8 *fp);
+void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s);
+int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s);
+void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s);
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision);
 bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error);

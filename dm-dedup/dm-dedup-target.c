@@ -142,6 +142,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	       div64_u64(index_bytes * 100, st.data_total));
 	DMEMIT("index_entries %llu\n", READ_ONCE(dc->index.nr_entries));
 	DMEMIT("index_full %lld\n", atomic64_read(&dc->index_full));
+	DMEMIT("index_loaded %d\n", dc->index_loaded);
+	DMEMIT("activation_ms %llu\n", dc->activation_ms);
 	DMEMIT("verify_mismatches %lld\n",
 	       atomic64_read(&dc->verify_mismatches));
 	DMEMIT("nospc_errors %lld\n", atomic64_read(&dc->nospc_errors));
@@ -365,9 +367,12 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		.hold_frees = dc->discard_passdown,
 		.identity_only = identity_only,
 		.visit = dd_index_visit,
+		.saved_ok = dd_index_saved_ok,
 		.ctx = dc,
 	};
+	struct dd_md_saved saved;
 	struct dd_metadata *md;
+	ktime_t start = ktime_get();
 	int r;
 
 	if (identity_only) {
@@ -384,11 +389,22 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		*error = "Cannot allocate the fingerprint index";
 		return r;
 	}
+	dd_index_saved_view(dc, &saved);
+	cfg.saved = &saved;
 	r = dd_md_open(dc->meta_dev->bdev, &cfg, &dc->md, error);
 	if (r) {
 		dd_index_exit(&dc->index);
 		return r;
 	}
+	if (saved.loaded)
+		dd_index_saved_adopt(dc, &saved);
+	dc->index_loaded = saved.loaded;
+	dc->activation_ms = ktime_ms_delta(ktime_get(), start);
+	DMINFO("%s: index of %llu blocks %s in %llu ms", dd_name(dc),
+	       dc->index.nr_entries,
+	       saved.loaded ? "loaded from the last clean close" :
+			      "rebuilt from the metadata",
+	       dc->activation_ms);
 	if (dd_md_needs_check(dc->md)) {
 		WRITE_ONCE(dc->mode, DD_MODE_NEEDS_CHECK);
 		DMERR("%s: metadata flagged needs_check: read-only; run dedup check",
@@ -525,6 +541,41 @@ bad:
 	return r;
 }
 
+/*
+ * The index and the allocation state go to the metadata device, so that
+ * the next activation loads them instead of walking every tree. Not when
+ * a reloaded table has taken over the metadata already (it is on
+ * dd_instances too, and saves when it goes); the lock keeps any other
+ * table from opening the metadata meanwhile.
+ */
+static void dd_save_at_close(struct dedup_c *dc)
+{
+	struct dd_md_saved saved;
+	struct dedup_c *other;
+	ktime_t start;
+	int r;
+
+	mutex_lock(&dd_instances_lock);
+	list_for_each_entry(other, &dd_instances, instance) {
+		if (other != dc && other->meta_dev->bdev == dc->meta_dev->bdev)
+			goto out;
+	}
+	start = ktime_get();
+	dd_index_saved_view(dc, &saved);
+	r = dd_md_save(dc->md, &saved);
+	if (r == -EROFS)
+		goto out;	/* nothing changed: an earlier save still holds */
+	if (r)
+		DMWARN("%s: cannot save the index (error %d); the next activation rebuilds it",
+		       dd_name(dc), r);
+	else
+		DMINFO("%s: index of %llu blocks saved for the next activation in %lld ms",
+		       dd_name(dc), dc->index.nr_entries,
+		       ktime_ms_delta(ktime_get(), start));
+out:
+	mutex_unlock(&dd_instances_lock);
+}
+
 static void dedup_dtr(struct dm_target *ti)
 {
 	struct dedup_c *dc = ti->private;
@@ -535,6 +586,8 @@ static void dedup_dtr(struct dm_target *ti)
 	if (dc->md && dd_commit(dc))
 		DMERR("%s: final commit failed; the device reopens at its last commit",
 		      dd_name(dc));
+	else if (dc->md)
+		dd_save_at_close(dc);
 	dd_destroy(dc);
 }
 

@@ -14,6 +14,14 @@
  *	the end; prints the committed map. With CRASH_OPS, that many more
  *	operations follow whose blocks are written but never committed (a
  *	crash before the superblock write).
+ *   harness save META LOGICAL DATA SEED OPS COMMIT_EVERY
+ *	the workload, then what the target does at a clean close: dd_md_save
+ *	with an index part of all-empty slots whose head counts every live
+ *	block as not indexed (index_full), so that the index rules hold.
+ *
+ * Every command opens with cfg.saved set, as the target does: a device
+ * whose superblock names a save loads it instead of walking the trees;
+ * the stats line says which (loaded=1).
  */
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,6 +29,23 @@
 
 #include "kshim.h"
 #include "dedup-metadata.h"
+
+/* dedup-decide.c's index layout, as the target saves it. */
+#define INDEX_LAYOUT	0x31584449	/* "IDX1" */
+enum { HEAD_LAYOUT, HEAD_KEY0, HEAD_KEY1, HEAD_ENTRIES, HEAD_FULL };
+
+static struct dd_md_saved saved = { .head = { INDEX_LAYOUT } };
+
+/* dd_index_saved_ok without a maximum: the slots and the count agree. */
+static int saved_ok(void *ctx, const struct dd_md_saved *s)
+{
+	u64 n = 0;
+
+	(void)ctx;
+	for (u64 i = 0; i < s->nr_words; i++)
+		n += !!s->words[i];
+	return n == s->head[HEAD_ENTRIES] ? 0 : -EILSEQ;
+}
 
 struct model {
 	u64 nr_contents;
@@ -88,8 +113,8 @@ static void print_stats(struct dd_metadata *md)
 	struct dd_md_stats st;
 
 	dd_md_stats(md, &st);
-	printf("stats needs_check=%d txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
-	       dd_md_needs_check(md),
+	printf("stats loaded=%d needs_check=%d txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
+	       saved.loaded, dd_md_needs_check(md),
 	       (unsigned long long)st.transaction_id, (unsigned long long)st.metadata_used,
 	       (unsigned long long)st.metadata_total, (unsigned long long)st.data_used,
 	       (unsigned long long)st.data_live, (unsigned long long)st.mapped,
@@ -172,7 +197,7 @@ int main(int argc, char **argv)
 	int r;
 
 	if (argc < 5) {
-		fprintf(stderr, "usage: harness open|map|flag|workload META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS]]\n");
+		fprintf(stderr, "usage: harness open|map|flag|workload|save META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS]]\n");
 		return 2;
 	}
 	cmd = argv[1];
@@ -192,6 +217,11 @@ int main(int argc, char **argv)
 		m.pba_of[i] = -1;
 	cfg.visit = visit;
 	cfg.ctx = &m;
+	/* The target's index size for these many data blocks. */
+	saved.nr_words = cfg.data_blocks + cfg.data_blocks / 4 + 16;
+	saved.words = calloc(saved.nr_words, sizeof(u64));
+	cfg.saved = &saved;
+	cfg.saved_ok = saved_ok;
 
 	r = dd_md_open(&bdev, &cfg, &md, &error);
 	if (r) {
@@ -211,7 +241,7 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "map")) {
 		r = print_map(md, cfg.logical_blocks);
 		print_stats(md);
-	} else if (!strcmp(cmd, "workload") && argc >= 8) {
+	} else if ((!strcmp(cmd, "workload") || !strcmp(cmd, "save")) && argc >= 8) {
 		u64 ops = strtoull(argv[6], NULL, 10);
 		u64 every = strtoull(argv[7], NULL, 10);
 		u64 crash = argc > 8 ? strtoull(argv[8], NULL, 10) : 0;
@@ -238,6 +268,19 @@ int main(int argc, char **argv)
 		 */
 		if (!r && crash)
 			r = dm_bufio_write_dirty_buffers(**(struct dm_bufio_client ***)md);
+		if (!r && !strcmp(cmd, "save")) {
+			struct dd_md_stats st;
+			struct dd_md_saved out = { .head = { INDEX_LAYOUT } };
+
+			dd_md_stats(md, &st);
+			out.words = calloc(saved.nr_words, sizeof(u64));
+			out.nr_words = saved.nr_words;
+			out.head[HEAD_FULL] = st.data_live;
+			r = dd_md_save(md, &out);
+			free(out.words);
+			if (!r)
+				print_stats(md);
+		}
 	} else {
 		fprintf(stderr, "unknown command %s\n", cmd);
 		r = 2;
@@ -246,6 +289,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s failed: %d\n", cmd, r);
 	dd_md_close(md);
 	free(m.pba_of);
+	free(saved.words);
 	close(bdev.fd);
 	return r ? 1 : 0;
 }

@@ -54,10 +54,19 @@ static inline void *kzalloc(size_t n, int gfp) { (void)gfp; return calloc(1, n ?
 static inline void *kmalloc(size_t n, int gfp) { (void)gfp; return malloc(n ? n : 1); }
 static inline void kfree(const void *p) { free((void *)p); }
 static inline void *kvcalloc(size_t n, size_t s, int gfp) { (void)gfp; return calloc(n ? n : 1, s); }
+static inline void *kvmalloc_array(size_t n, size_t s, int gfp) { (void)gfp; return calloc(n ? n : 1, s); }
+static inline size_t array_size(size_t n, size_t s)
+{
+	size_t r;
+
+	return __builtin_mul_overflow(n, s, &r) ? SIZE_MAX : r;
+}
 static inline void kvfree(const void *p) { free((void *)p); }
 
 #define min_t(t, a, b) ((t)(a) < (t)(b) ? (t)(a) : (t)(b))
+#define max_t(t, a, b) ((t)(a) > (t)(b) ? (t)(a) : (t)(b))
 #define max(a, b) ((a) > (b) ? (a) : (b))
+#define DIV_ROUND_UP_ULL(n, d) (((u64)(n) + (d) - 1) / (d))
 #define min(a, b) ((a) < (b) ? (a) : (b))
 #define WARN_ON_ONCE(c) ({ int __c = !!(c); if (__c) fprintf(stderr, "WARN_ON_ONCE %s:%d\n", __FILE__, __LINE__); __c; })
 #define cond_resched() do { } while (0)
@@ -79,10 +88,12 @@ static inline u64 div_u64_rem(u64 a, u32 b, u32 *r) { *r = a % b; return a / b; 
 
 #define BITS_PER_LONG 64
 #define BITS_TO_LONGS(n) (((n) + BITS_PER_LONG - 1) / BITS_PER_LONG)
+#define BIT_WORD(nr) ((nr) / BITS_PER_LONG)
 static inline bool test_bit(u64 nr, const unsigned long *a)
 {
 	return (a[nr / BITS_PER_LONG] >> (nr % BITS_PER_LONG)) & 1;
 }
+static inline unsigned int __ffs64(u64 w) { return (unsigned int)__builtin_ctzll(w); }
 static inline void __set_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG] |= 1UL << (nr % BITS_PER_LONG); }
 static inline void __clear_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG] &= ~(1UL << (nr % BITS_PER_LONG)); }
 /* One thread here: the atomic forms are the plain ones. */

@@ -17,6 +17,9 @@ use crate::fingerprint::{self, Hasher};
 use crate::ondisk::*;
 use crate::util::hex;
 
+#[path = "saved.rs"]
+mod saved;
+
 /// Above this many data blocks the per-PBA tables are hash maps instead of
 /// flat arrays (a flat table costs 4 bytes per data block, zero-filled
 /// lazily by the OS, so it is the fast choice up to ~1 TiB of data).
@@ -93,6 +96,7 @@ impl Problem {
             let what = match self.array {
                 Some("map") => "lba",
                 Some("refcount") | Some("fingerprint") => "pba",
+                Some("saved") => "word",
                 _ => "index",
             };
             parts.push(format!("{what} {i}"));
@@ -139,6 +143,9 @@ pub struct SuperblockInfo {
     pub zero_writes: u64,
     pub discarded_blocks: u64,
     pub format_time: u64,
+    /// The state saved at a clean close, 0 = none (see `Report::saved`).
+    pub saved_root: u64,
+    pub saved_words: u64,
 }
 
 impl SuperblockInfo {
@@ -164,6 +171,8 @@ impl SuperblockInfo {
             zero_writes: sb.zero_writes,
             discarded_blocks: sb.discarded_blocks,
             format_time: sb.format_time,
+            saved_root: sb.saved_root,
+            saved_words: sb.saved_words,
         }
     }
 }
@@ -204,6 +213,21 @@ pub struct Summary {
     pub data_read_errors: Option<u64>,
 }
 
+/// The state saved at the last clean close, when the superblock names one.
+#[derive(Clone, Debug, Serialize)]
+pub struct SavedReport {
+    pub root: u64,
+    pub words: u64,
+    /// Its blocks (not counted in `metadata_blocks_used`).
+    pub blocks: u64,
+    /// The kernel would load it at the next activation instead of walking
+    /// the trees (otherwise `saved_state_stale` says why not).
+    pub loadable: bool,
+    /// It was compared with the trees (loadable, and the trees were read
+    /// whole); differences are `saved_state_wrong`.
+    pub compared: bool,
+}
+
 /// Full result of a check.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -213,6 +237,8 @@ pub struct Report {
     pub superblock: Option<SuperblockInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saved: Option<SavedReport>,
     pub errors: u64,
     pub warnings: u64,
     /// Problems counted but not listed (see max_problems).
@@ -379,6 +405,14 @@ impl Live {
             }
         }
     }
+    fn contains(&self, pba: u64) -> bool {
+        match self {
+            Live::Dense(v) => v
+                .get((pba / 64) as usize)
+                .is_some_and(|w| w & (1 << (pba % 64)) != 0),
+            Live::Sparse(s) => s.contains(&pba),
+        }
+    }
     /// Remove `pba`; true if it was there.
     fn remove(&mut self, pba: u64) -> bool {
         match self {
@@ -446,7 +480,8 @@ struct Walker<'a> {
     owner: Vec<u8>,
     counts: Counts,
     live: Live,
-    damaged: [Damaged; 3],
+    /// Per array id - 1, the save's included.
+    damaged: [Damaged; 4],
     summary: Summary,
     fp_size: usize,
     contents: Option<Contents>,
@@ -457,6 +492,8 @@ struct Walker<'a> {
     data: Option<(&'a (dyn BlockDev + Sync), Hasher)>,
     /// (pba, fingerprint leaf, record) of live blocks not yet verified.
     unverified: Vec<(u64, u64, [u8; FP_SIZE])>,
+    /// The save the superblock names, while it is checked.
+    saved: Option<saved::SavedWalk>,
 }
 
 impl Walker<'_> {
@@ -472,7 +509,12 @@ impl Walker<'_> {
         });
     }
 
+    /// An error of the trees; in the save (which the walk visits too),
+    /// only a reason for the kernel not to load it.
     fn error(&mut self, code: &'static str, at: At, message: String) {
+        if at.array == Some(ArrayId::Saved) {
+            return self.saved_unreadable(at, format!("{message} [{code}]"));
+        }
         self.report(Severity::Error, code, at, message)
     }
 
@@ -555,6 +597,11 @@ impl Walker<'_> {
             ArrayId::Map => self.summary.map_blocks += 1,
             ArrayId::Refcount => self.summary.refcount_blocks += 1,
             ArrayId::Fingerprint => self.summary.fingerprint_blocks += 1,
+            ArrayId::Saved => {
+                if let Some(s) = self.saved.as_mut() {
+                    s.blocks += 1;
+                }
+            }
         }
         let at = At::node(b, id, level, range.0);
         let mut blk = zero_block();
@@ -599,7 +646,9 @@ impl Walker<'_> {
         }
         let h = Header::decode(&blk[..]);
         let gen = self.sb.generation();
-        if h.txn == 0 || h.txn > gen {
+        if id == ArrayId::Saved {
+            self.saved_block_txn(h.txn, at);
+        } else if h.txn == 0 || h.txn > gen {
             self.error(
                 "bad_txn",
                 at,
@@ -639,6 +688,9 @@ impl Walker<'_> {
                 ),
             );
         }
+        if id == ArrayId::Saved {
+            return self.saved_leaf(payload, first, count);
+        }
         if id == ArrayId::Map {
             // Counting is a random access per entry into a table of 4 bytes
             // per data block, a cache miss each on a large device: done in
@@ -658,7 +710,7 @@ impl Walker<'_> {
             let e = &payload[i * es..(i + 1) * es];
             let index = first + i as u64;
             match id {
-                ArrayId::Map => unreachable!("handled above"),
+                ArrayId::Map | ArrayId::Saved => unreachable!("handled above"),
                 ArrayId::Refcount => self.refcount_entry(index, le32(e, 0), b),
                 ArrayId::Fingerprint => self.fingerprint_entry(index, e.try_into().unwrap(), b),
             }
@@ -710,6 +762,9 @@ impl Walker<'_> {
         self.summary.live_blocks += 1;
         self.summary.refcount_sum += rc as u64;
         self.live.insert(pba);
+        if let Some(s) = self.saved.as_mut() {
+            s.live.insert(pba);
+        }
         if let Some(c) = self.contents.as_mut() {
             c.blocks.push((pba, rc, [0; FP_SIZE]));
         }
@@ -1226,6 +1281,7 @@ pub fn check_with_data(
                 slots,
                 superblock: None,
                 summary: None,
+                saved: None,
                 errors: problems.errors,
                 warnings: problems.warnings,
                 unlisted_problems: problems.unlisted,
@@ -1282,6 +1338,8 @@ pub fn check_with_data(
         first_placeholder: 0,
         data,
         unverified: Vec::new(),
+        saved: (sb.saved_root != 0)
+            .then(|| saved::SavedWalk::new(dev_blocks, sb.data_blocks, dense_limit)),
     };
     for (i, st) in states.iter().enumerate() {
         if i == best {
@@ -1306,11 +1364,13 @@ pub fn check_with_data(
         w.walk_array(id);
     }
     w.finish();
+    let saved = w.check_saved();
     let report = Report {
         device_blocks: dev_blocks,
         slots,
         superblock: Some(SuperblockInfo::from_sb(best as u64, sb)),
         summary: Some(w.summary.clone()),
+        saved,
         errors: w.problems.errors,
         warnings: w.problems.warnings,
         unlisted_problems: w.problems.unlisted,
@@ -1390,6 +1450,21 @@ pub fn render(report: &Report, device: &str) -> String {
                 s.live_blocks, s.placeholder_fingerprints
             );
         }
+    }
+    if let Some(s) = &report.saved {
+        let _ = writeln!(
+            o,
+            "saved state: {} words in {} blocks (root {}), {}",
+            s.words,
+            s.blocks,
+            s.root,
+            match (s.loadable, s.compared) {
+                (true, true) if report.has(saved::WRONG) => "loadable, differs from the trees",
+                (true, true) => "loadable, matches the trees",
+                (true, false) => "loadable, not compared with the damaged trees",
+                (false, _) => "not loadable (the kernel rebuilds it from the trees)",
+            }
+        );
     }
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     let _ = if report.errors == 0 {

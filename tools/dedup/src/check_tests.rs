@@ -917,3 +917,371 @@ fn unreadable_data_block_is_an_error_and_the_rest_is_verified() {
         (Some(249), Some(1))
     );
 }
+
+// ---- the state saved at a clean close ----
+
+use crate::ondisk::saved as fmt;
+use crate::writer::TreeWriter;
+
+/// Index slots of the test saves (the target sizes its index from its own
+/// settings): enough for the save to take two leaves and a root.
+const SLOTS: u64 = 1000;
+/// Live blocks the test saves put in index slots (the rest count as
+/// index_full).
+const INDEXED: u64 = 100;
+
+fn saved_layout(d: &MemDev) -> fmt::Layout {
+    fmt::Layout::new(d.nr_blocks(), DATA, SLOTS).unwrap()
+}
+
+fn set_bit(words: &mut [u64], start: u64, bit: u64) {
+    words[(start + bit / 64) as usize] |= 1 << (bit % 64);
+}
+
+fn clear_bit(words: &mut [u64], start: u64, bit: u64) {
+    words[(start + bit / 64) as usize] &= !(1 << (bit % 64));
+}
+
+/// The words dd_saved_write() writes for the sample image: its tree blocks
+/// ([2, 2 + tree_blocks)), its live blocks, and INDEXED of them in slots
+/// 0, 10, 20, ... with a tag.
+fn good_save(d: &MemDev, layout: &Layout, spec: &ImageSpec) -> Vec<u64> {
+    let l = saved_layout(d);
+    let mut w = vec![0u64; l.total as usize];
+    w[fmt::W_MAGIC] = fmt::MAGIC;
+    w[fmt::W_TXN] = spec.sb.generation();
+    w[fmt::W_METADATA_BLOCKS] = d.nr_blocks();
+    w[fmt::W_DATA_BLOCKS] = DATA;
+    w[fmt::W_TARGET_WORDS] = SLOTS;
+    let live = spec.refcounts.len() as u64;
+    let head = [fmt::INDEX_LAYOUT, 0x1234, 0x5678, INDEXED, live - INDEXED];
+    w[fmt::W_TARGET_HEAD..fmt::W_TARGET_HEAD + head.len()].copy_from_slice(&head);
+    for b in FIRST_TREE_BLOCK..FIRST_TREE_BLOCK + layout.tree_blocks {
+        set_bit(&mut w, fmt::HEADER_WORDS as u64, b);
+    }
+    for &(pba, _) in &spec.refcounts {
+        set_bit(&mut w, l.data_start, pba);
+    }
+    for (j, &(pba, _)) in spec.refcounts.iter().take(INDEXED as usize).enumerate() {
+        w[(l.target_start + 10 * j as u64) as usize] = (pba + 1) | (0xbeef << 48) | (1 << 40);
+    }
+    w
+}
+
+/// Write `words` as the save (blocks after the trees, transaction `txn`)
+/// and name it in the superblock; its root.
+fn put_save(d: &mut MemDev, layout: &Layout, words: &[u64], txn: u64) -> u64 {
+    let first = FIRST_TREE_BLOCK + layout.tree_blocks;
+    let end = d.nr_blocks();
+    let g = Geometry::new(ArrayId::Saved, words.len() as u64);
+    let root = TreeWriter::new(d, first, end, txn)
+        .build(
+            &g,
+            (0u64..)
+                .zip(words)
+                .filter(|(_, &v)| v != 0)
+                .map(|(i, v)| (i, v.to_le_bytes())),
+        )
+        .unwrap();
+    edit_sb(d, |sb| {
+        sb.saved_root = root;
+        sb.saved_words = words.len() as u64;
+    });
+    root
+}
+
+/// The sample image with the save `edit` makes of the right one.
+fn saved_sample(edit: impl FnOnce(&mut Vec<u64>, &fmt::Layout)) -> (MemDev, Layout, u64) {
+    let spec = sample_spec();
+    let (mut d, layout) = build(&spec);
+    let mut w = good_save(&d, &layout, &spec);
+    edit(&mut w, &saved_layout(&d));
+    let root = put_save(&mut d, &layout, &w, spec.sb.generation());
+    (d, layout, root)
+}
+
+/// Only saved_state_stale warnings, the save not loadable.
+fn assert_stale(r: &Report, why: &str) {
+    assert!(r.clean(), "{:#?}", r.problems);
+    assert!(
+        r.problems.iter().all(|p| p.code == saved::STALE),
+        "{:#?}",
+        r.problems
+    );
+    let p = find(r, saved::STALE);
+    assert!(
+        r.problems.iter().any(|p| p.message.contains(why)),
+        "no {why:?} in {:#?}",
+        r.problems
+    );
+    assert_eq!(p.severity, Severity::Warning);
+    let s = r.saved.as_ref().unwrap();
+    assert!(!s.loadable && !s.compared);
+}
+
+/// Exactly one saved_state_wrong error, saying `why`; the save loadable.
+fn assert_wrong(r: &Report, why: &str) {
+    assert_eq!(codes(r), [saved::WRONG], "{:#?}", r.problems);
+    let p = find(r, saved::WRONG);
+    assert!(p.message.contains(why), "{}", p.message);
+    assert_eq!(p.array, Some("saved"));
+    let s = r.saved.as_ref().unwrap();
+    assert!(s.loadable && s.compared);
+}
+
+#[test]
+fn saved_state_that_matches_is_clean() {
+    let (d, layout, root) = saved_sample(|_, _| {});
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    let s = r.saved.as_ref().unwrap();
+    assert!(s.loadable && s.compared);
+    assert_eq!((s.root, s.words), (root, saved_layout(&d).total));
+    // The slots reach the second leaf: 2 leaves under a root.
+    assert_eq!(s.blocks, 3);
+    assert_eq!(
+        r.summary.as_ref().unwrap().metadata_blocks_used,
+        2 + layout.tree_blocks
+    );
+    assert_eq!(r.superblock.as_ref().unwrap().saved_root, root);
+    let text = render(&r, "img");
+    assert!(
+        text.contains(&format!(
+            "saved state: {} words in 3 blocks (root {root}), loadable, matches the trees",
+            s.words
+        )),
+        "{text}"
+    );
+    // No save named, no line.
+    let (d, _) = sample();
+    let r = run(&d);
+    assert!(r.saved.is_none());
+    assert!(!render(&r, "img").contains("saved state"));
+}
+
+#[test]
+fn saved_state_the_kernel_would_not_load_is_a_warning() {
+    type Edit = fn(&mut Vec<u64>, &fmt::Layout);
+    let cases: [(Edit, &str); 8] = [
+        (|w, _| w[fmt::W_MAGIC] = 1, "no header"),
+        (|w, _| w[fmt::W_TXN] -= 1, "generation 4, not this one (5)"),
+        (
+            |w, _| w[fmt::W_METADATA_BLOCKS] += 1,
+            "metadata blocks, the device has",
+        ),
+        (
+            |w, _| w[fmt::W_DATA_BLOCKS] -= 1,
+            "data blocks, the superblock has",
+        ),
+        (|w, _| w[fmt::W_TARGET_WORDS] += 1, "do not make the"),
+        (|w, _| w[fmt::W_TARGET_HEAD] = 0x32584449, "index layout"),
+        (
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] += 1,
+            "index slots are in use but its head says 101",
+        ),
+        // A live block unmarked: the count differs from the superblock's.
+        (
+            |w, l| clear_bit(w, l.data_start, 7),
+            "marks 249 data blocks used but the superblock says used_data_blocks 250",
+        ),
+    ];
+    for (edit, why) in cases {
+        let (d, _, _) = saved_sample(edit);
+        assert_stale(&run(&d), why);
+    }
+    // Bits outside what the kernel's allocators cover.
+    let (d, _, _) = saved_sample(|w, l| set_bit(w, l.data_start, DATA + 1));
+    assert_stale(&run(&d), "beyond the data device");
+    let (d, _, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, 1));
+    assert_stale(&run(&d), "outside the tree area");
+    // The bitmap claims a block of the save itself.
+    let (d, layout, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, 2 + 8));
+    assert_eq!(layout.tree_blocks, 8);
+    assert_stale(&run(&d), "blocks of the save itself");
+}
+
+#[test]
+fn saved_state_blocks_that_do_not_read_are_a_warning() {
+    // A flipped bit in a save block.
+    let (mut d, _, root) = saved_sample(|_, _| {});
+    let leaf = child(&d, root, 0);
+    d.block_mut(leaf)[HEADER_SIZE + 8] ^= 1;
+    assert_stale(&run(&d), "checksum mismatch");
+    // The root of the save is a tree block.
+    let (mut d, layout, _) = saved_sample(|_, _| {});
+    edit_sb(&mut d, |sb| sb.saved_root = layout.map_root);
+    let r = run(&d);
+    assert_stale(
+        &r,
+        &format!(
+            "saved_root points to block {}, already used by the map array",
+            layout.map_root
+        ),
+    );
+    // Out of range, and a size of no words.
+    let (mut d, _, _) = saved_sample(|_, _| {});
+    edit_sb(&mut d, |sb| sb.saved_root = sb.metadata_blocks);
+    assert_stale(&run(&d), "outside the tree area");
+    let (mut d, _, _) = saved_sample(|_, _| {});
+    edit_sb(&mut d, |sb| sb.saved_words = 0);
+    assert_stale(&run(&d), "no entries");
+    // Written after the superblock that names it.
+    let spec = sample_spec();
+    let (mut d, layout) = build(&spec);
+    let w = good_save(&d, &layout, &spec);
+    put_save(&mut d, &layout, &w, 6);
+    assert_stale(&run(&d), "after the superblock (5)");
+}
+
+#[test]
+fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
+    type Edit = fn(&mut Vec<u64>, &fmt::Layout);
+    let cases: [(Edit, &str); 6] = [
+        (
+            |w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5),
+            "1 metadata blocks the trees use are not marked used (the first is 5)",
+        ),
+        (
+            |w, _| set_bit(w, fmt::HEADER_WORDS as u64, 20),
+            "no tree uses them (the first is 20)",
+        ),
+        (
+            |w, l| w[(l.target_start + 1) as usize] = 260 + 1,
+            "refcount 0 or beyond the device (the first is 260)",
+        ),
+        (
+            |w, l| w[(l.target_start + 1) as usize] = 1,
+            "in two index slots (the first is 0)",
+        ),
+        (
+            |w, l| w[(l.target_start + 1) as usize] = 5 << 48,
+            "name no block",
+        ),
+        (
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_FULL] += 1,
+            "151 unindexed live blocks, but 250",
+        ),
+    ];
+    for (edit, why) in cases {
+        let (d, _, _) = saved_sample(|w, l| {
+            edit(w, l);
+            // The slot edits add an entry: keep the head's count right.
+            let used = w[l.target_start as usize..]
+                .iter()
+                .filter(|&&s| s != 0)
+                .count();
+            w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = used as u64;
+            if used as u64 != INDEXED {
+                w[fmt::W_TARGET_HEAD + fmt::HEAD_FULL] -= used as u64 - INDEXED;
+            }
+        });
+        assert_wrong(&run(&d), why);
+    }
+    // A live block swapped for a free one: the count still matches.
+    let (d, _, _) = saved_sample(|w, l| {
+        clear_bit(w, l.data_start, 7);
+        set_bit(w, l.data_start, 290);
+    });
+    let r = run(&d);
+    assert_eq!(codes(&r), [saved::WRONG, saved::WRONG], "{:#?}", r.problems);
+    assert!(r.problems[0]
+        .message
+        .contains("have refcount 0 (the first is 290)"));
+    assert!(r.problems[1]
+        .message
+        .contains("are not marked used (the first is 7): the kernel would allocate them again"));
+    // Save blocks of another transaction, under a header of this one.
+    let spec = sample_spec();
+    let (mut d, layout) = build(&spec);
+    let w = good_save(&d, &layout, &spec);
+    put_save(&mut d, &layout, &w, 4);
+    let r = run(&d);
+    assert_eq!(r.errors, 3, "{:#?}", r.problems);
+    assert!(r.problems.iter().all(|p| p.code == saved::WRONG));
+    assert!(find(&r, saved::WRONG)
+        .message
+        .contains("left over from another state"));
+}
+
+#[test]
+fn saved_state_is_not_compared_with_damaged_trees() {
+    let (mut d, layout, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5));
+    let leaf = child(&d, layout.map_root, 1);
+    d.block_mut(leaf)[HEADER_SIZE + 7] ^= 0x40;
+    let r = run(&d);
+    assert!(
+        !r.has(saved::WRONG) && !r.has(saved::STALE),
+        "{:#?}",
+        r.problems
+    );
+    let s = r.saved.as_ref().unwrap();
+    assert!(s.loadable && !s.compared);
+    assert!(render(&r, "img").contains("loadable, not compared with the damaged trees"));
+}
+
+#[test]
+fn rewritten_superblocks_drop_the_save() {
+    // --clear-needs-check: the same state, next generation, no save.
+    let (mut d, _, _) = saved_sample(|_, _| {});
+    edit_sb(&mut d, |sb| sb.flags |= SB_NEEDS_CHECK);
+    let r = run(&d);
+    assert!(r.has("needs_check") && r.saved.is_some());
+    let states = read_slots(&d);
+    let SlotState::Valid(cur) = &states[pick_superblock(&states).unwrap()] else {
+        unreachable!()
+    };
+    let sb = crate::writer::clear_needs_check(&mut d, cur).unwrap();
+    assert_eq!((sb.saved_root, sb.saved_words), (0, 0));
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert!(r.saved.is_none());
+
+    // repair of a damaged map leaf: the new state names no save.
+    let (mut d, layout, _) = saved_sample(|_, _| {});
+    let leaf = child(&d, layout.map_root, 1);
+    d.block_mut(leaf)[HEADER_SIZE + 7] ^= 0x40;
+    let p = crate::repair::plan(&d, None).unwrap();
+    let report = crate::repair::write(&mut d, &p).unwrap();
+    assert!(report.clean(), "{:#?}", report.problems);
+    let r = run(&d);
+    assert!(r.saved.is_none());
+    let sb = r.superblock.unwrap();
+    assert_eq!((sb.generation, sb.saved_root, sb.saved_words), (6, 0, 0));
+}
+
+#[test]
+fn damaged_saved_state_never_panics() {
+    let (pristine, _, root) = saved_sample(|_, _| {});
+    let saved_blocks = [root, child(&pristine, root, 0), child(&pristine, root, 1)];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..300 {
+        let mut d = MemDev::from_bytes(pristine.bytes.clone());
+        let b = saved_blocks[(rnd() % 3) as usize];
+        let off = HEADER_SIZE + (rnd() % (PAYLOAD_SIZE as u64 / 8)) as usize * 8;
+        let v = match rnd() % 4 {
+            0 => rnd(),
+            1 => rnd() % 64,
+            2 => u64::MAX,
+            _ => 1 << (rnd() % 64),
+        };
+        set64(&mut d, b, off, v);
+        if rnd() % 4 == 0 {
+            let w = rnd() % 2048;
+            edit_sb(&mut d, |sb| sb.saved_words = w);
+        }
+        let r = run(&d);
+        // Damage to the save alone never makes the trees wrong.
+        assert!(
+            r.problems.iter().all(|p| p.array == Some("saved")),
+            "{:#?}",
+            r.problems
+        );
+        let _ = render(&r, "img");
+    }
+}

@@ -5,7 +5,8 @@
 //! Everything is little-endian. The device is an array of 4 KiB blocks:
 //! blocks 0 and 1 are the two superblock slots, every other block is free or
 //! belongs to one of three radix trees (the map, the refcounts and the
-//! fingerprints). Every block starts with a 32-byte header and is protected
+//! fingerprints), or to the state saved at a clean close (a fourth array,
+//! named by the superblock that closed). Every block starts with a 32-byte header and is protected
 //! by a CRC-32C of its bytes 4..4095.
 
 use crate::crc32c::crc32c;
@@ -38,7 +39,7 @@ pub const HEADER_SIZE: usize = 32;
 pub const PAYLOAD_SIZE: usize = BLOCK_SIZE - HEADER_SIZE;
 pub const INTERIOR_FANOUT: u64 = (PAYLOAD_SIZE / 8) as u64; // 508
 /// Size of `struct dd_superblock` (header included).
-pub const SUPERBLOCK_SIZE: usize = 192;
+pub const SUPERBLOCK_SIZE: usize = 208;
 
 /// Largest refcount the kernel stores (it saturates there).
 pub const REFCOUNT_MAX: u32 = u32::MAX;
@@ -149,9 +150,13 @@ pub enum ArrayId {
     Refcount = 2,
     /// PBA -> fingerprint of its content (`u8[32]`).
     Fingerprint = 3,
+    /// The state saved at a clean close (`__le64` words, see [`saved`]):
+    /// not part of the committed state, and not in [`ArrayId::ALL`].
+    Saved = 4,
 }
 
 impl ArrayId {
+    /// The three arrays of the committed state.
     pub const ALL: [ArrayId; 3] = [ArrayId::Map, ArrayId::Refcount, ArrayId::Fingerprint];
 
     pub fn from_u8(v: u8) -> Option<ArrayId> {
@@ -159,6 +164,7 @@ impl ArrayId {
             1 => Some(ArrayId::Map),
             2 => Some(ArrayId::Refcount),
             3 => Some(ArrayId::Fingerprint),
+            4 => Some(ArrayId::Saved),
             _ => None,
         }
     }
@@ -168,14 +174,80 @@ impl ArrayId {
             ArrayId::Map => "map",
             ArrayId::Refcount => "refcount",
             ArrayId::Fingerprint => "fingerprint",
+            ArrayId::Saved => "saved",
         }
     }
 
     pub fn entry_size(self) -> u32 {
         match self {
-            ArrayId::Map => 8,
+            ArrayId::Map | ArrayId::Saved => 8,
             ArrayId::Refcount => 4,
             ArrayId::Fingerprint => FP_SIZE as u32,
+        }
+    }
+}
+
+/// The state saved at a clean close (DD_ARRAY_SAVED, dedup-format.h and
+/// dedup-saved.c): an array of `__le64` words, absent leaves reading as
+/// zeros. A header of [`saved::HEADER_WORDS`], then a bitmap of the
+/// metadata blocks the trees use, a bitmap of the data blocks with
+/// refcount > 0, and the target's words (the fingerprint index).
+pub mod saved {
+    /// DD_SAVED_MAGIC, "DDSAVED1".
+    pub const MAGIC: u64 = 0x3144_4556_4153_4444;
+    /// enum dd_saved_header: word indices of the header.
+    pub const W_MAGIC: usize = 0;
+    /// The generation of the superblock that names the save.
+    pub const W_TXN: usize = 1;
+    pub const W_METADATA_BLOCKS: usize = 2;
+    pub const W_DATA_BLOCKS: usize = 3;
+    pub const W_TARGET_WORDS: usize = 4;
+    /// The 8 words the target describes its part with.
+    pub const W_TARGET_HEAD: usize = 8;
+    pub const TARGET_HEAD: usize = 8;
+    pub const HEADER_WORDS: usize = 16;
+
+    /// The target's part as dedup-decide.c saves it (dd_index_saved_view):
+    /// head[0] = this layout, head[1..2] the siphash key, head[3] the
+    /// entries in the slots, head[4] the live blocks the index had no
+    /// room for; the words are the slots of dedup-index.c.
+    pub const INDEX_LAYOUT: u64 = 0x3158_4449; // "IDX1"
+    pub const HEAD_LAYOUT: usize = 0;
+    pub const HEAD_ENTRIES: usize = 3;
+    pub const HEAD_FULL: usize = 4;
+    /// Slot bits 0-39: PBA + 1, 0 = empty (40-47 probe distance, 48-63 tag).
+    pub const SLOT_PBA_BITS: u32 = 40;
+
+    /// The PBA a non-empty index slot names (None: its PBA bits are zero).
+    pub fn slot_pba(slot: u64) -> Option<u64> {
+        (slot & ((1 << SLOT_PBA_BITS) - 1)).checked_sub(1)
+    }
+
+    /// dd_saved_layout(): where each part starts, in words.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Layout {
+        pub meta_words: u64,
+        pub data_words: u64,
+        pub data_start: u64,
+        pub target_start: u64,
+        pub total: u64,
+    }
+
+    impl Layout {
+        /// None when the sizes overflow (the kernel's layout would not
+        /// match any array the superblock can name).
+        pub fn new(metadata_blocks: u64, data_blocks: u64, target_words: u64) -> Option<Layout> {
+            let meta_words = metadata_blocks.div_ceil(64);
+            let data_words = data_blocks.div_ceil(64);
+            let data_start = (HEADER_WORDS as u64).checked_add(meta_words)?;
+            let target_start = data_start.checked_add(data_words)?;
+            Some(Layout {
+                meta_words,
+                data_words,
+                data_start,
+                target_start,
+                total: target_start.checked_add(target_words)?,
+            })
         }
     }
 }
@@ -329,6 +401,12 @@ pub struct Superblock {
     pub zero_writes: u64,
     pub discarded_blocks: u64,
     pub format_time: u64,
+    /// Root of the state saved at the clean close that wrote this
+    /// superblock ([`ArrayId::Saved`]); 0 = none. Any other commit, and
+    /// every superblock the tools write, has none.
+    pub saved_root: u64,
+    /// Its number of words.
+    pub saved_words: u64,
 }
 
 impl Superblock {
@@ -370,6 +448,8 @@ impl Superblock {
             zero_writes: 0,
             discarded_blocks: 0,
             format_time,
+            saved_root: 0,
+            saved_words: 0,
         }
     }
 
@@ -414,6 +494,8 @@ impl Superblock {
             zero_writes: le64(b, 168),
             discarded_blocks: le64(b, 176),
             format_time: le64(b, 184),
+            saved_root: le64(b, 192),
+            saved_words: le64(b, 200),
         }
     }
 
@@ -443,6 +525,8 @@ impl Superblock {
         put64(&mut b[..], 168, self.zero_writes);
         put64(&mut b[..], 176, self.discarded_blocks);
         put64(&mut b[..], 184, self.format_time);
+        put64(&mut b[..], 192, self.saved_root);
+        put64(&mut b[..], 200, self.saved_words);
         seal(&mut b);
         b
     }
@@ -452,14 +536,24 @@ impl Superblock {
             ArrayId::Map => self.map_root,
             ArrayId::Refcount => self.refcount_root,
             ArrayId::Fingerprint => self.fingerprint_root,
+            ArrayId::Saved => self.saved_root,
         }
     }
 
     pub fn geometry(&self, id: ArrayId) -> Geometry {
         match id {
             ArrayId::Map => Geometry::new(id, self.logical_blocks),
-            _ => Geometry::new(id, self.data_blocks),
+            ArrayId::Refcount | ArrayId::Fingerprint => Geometry::new(id, self.data_blocks),
+            ArrayId::Saved => Geometry::new(id, self.saved_words),
         }
+    }
+
+    /// The same state without a save: what any rewrite of a superblock
+    /// writes, since a save describes only the superblock that named it.
+    pub fn without_save(mut self) -> Superblock {
+        self.saved_root = 0;
+        self.saved_words = 0;
+        self
     }
 }
 
@@ -614,6 +708,15 @@ mod tests {
         assert_eq!(&BT_INTERIOR.to_le_bytes(), b"INTR");
         assert_eq!(&BT_LEAF.to_le_bytes(), b"LEAF");
         assert_eq!(INTERIOR_FANOUT, 508);
+        assert_eq!(&saved::MAGIC.to_le_bytes(), b"DDSAVED1");
+        assert_eq!(&saved::INDEX_LAYOUT.to_le_bytes()[..4], b"IDX1");
+        assert_eq!(ArrayId::from_u8(4), Some(ArrayId::Saved));
+        assert_eq!(saved::slot_pba(0), None);
+        assert_eq!(saved::slot_pba((7 << 48) | (3 << 40) | 11), Some(10));
+        let l = saved::Layout::new(130, 64, 5).unwrap();
+        assert_eq!((l.meta_words, l.data_words), (3, 1));
+        assert_eq!((l.data_start, l.target_start, l.total), (19, 20, 25));
+        assert_eq!(saved::Layout::new(u64::MAX, u64::MAX, u64::MAX), None);
         assert_eq!(per_leaf(8), 508);
         assert_eq!(per_leaf(4), 1016);
         assert_eq!(per_leaf(32), 127);
@@ -678,7 +781,16 @@ mod tests {
         assert_eq!(&b[72..79], b"sha256\0");
         assert_eq!(le32(&b[..], 104), 32);
         assert_eq!(le64(&b[..], 184), 0x1122334455667788);
-        assert!(is_zero(&b[SUPERBLOCK_SIZE..]));
+        assert!(is_zero(&b[184 + 8..]));
+        let mut with = sb.clone();
+        with.saved_root = 0x0102;
+        with.saved_words = 0x0304;
+        let wb = with.encode();
+        assert_eq!((le64(&wb[..], 192), le64(&wb[..], 200)), (0x0102, 0x0304));
+        assert!(is_zero(&wb[SUPERBLOCK_SIZE..]));
+        let mut back = Superblock::decode(&wb).without_save();
+        back.header.csum = stored_csum(&b);
+        assert_eq!(back, Superblock::decode(&b));
         assert!(csum_ok(&b));
         assert_eq!(Superblock::decode(&b), {
             let mut s = sb.clone();

@@ -260,7 +260,8 @@ fn write_trees_and_super(
     spec: &ImageSpec,
     in_use: &[bool],
 ) -> io::Result<(Superblock, Layout)> {
-    let mut sb = spec.sb.clone();
+    // A new state: whatever save the superblock named describes another.
+    let mut sb = spec.sb.clone().without_save();
     let gen = sb.generation();
     let mut layout = Layout::default();
     {
@@ -296,9 +297,11 @@ fn write_trees_and_super(
 
 /// `check --clear-needs-check`: the committed state `current` once more,
 /// without the needs_check flag, as the next generation, in the other
-/// slot, so that a torn write leaves the flagged superblock in force.
+/// slot, so that a torn write leaves the flagged superblock in force. A
+/// save the current superblock named is dropped: it describes that
+/// superblock only (the kernel flags without one anyway).
 pub fn clear_needs_check(dev: &mut dyn BlockDev, current: &Superblock) -> io::Result<Superblock> {
-    let mut sb = current.clone();
+    let mut sb = current.clone().without_save();
     sb.flags &= !SB_NEEDS_CHECK;
     sb.header.txn = current.generation().wrapping_add(1);
     writable_generation(&sb)?;

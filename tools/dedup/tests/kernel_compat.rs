@@ -1,7 +1,7 @@
 //! Cross-checks with the kernel's own metadata code.
 //!
-//! tools/kernel-compat builds dm-dedup's dedup-metadata.c, dedup-array.c,
-//! dedup-block.c and dedup-space.c (unchanged, from ../dm-dedup) in
+//! tools/kernel-compat builds dm-dedup's dedup-metadata.c, dedup-saved.c,
+//! dedup-array.c, dedup-block.c and dedup-space.c (unchanged, from ../dm-dedup) in
 //! userspace over a small stand-in for dm-bufio. These tests then check
 //! that:
 //! - the kernel's dd_format() and `dedup format` write identical bytes;
@@ -16,7 +16,10 @@
 //!   one above it refused by both;
 //! - the kernel refuses metadata with damaged leaves, activates what
 //!   `dedup repair` makes of it (placeholder fingerprints included), reads
-//!   back every salvaged mapping, and keeps working on it.
+//!   back every salvaged mapping, and keeps working on it;
+//! - the state the kernel saves at a clean close (dd_md_save) checks clean
+//!   and loadable, the kernel loads it in place of a walk with the same
+//!   state, and its next commit drops it.
 //!
 //! Skipped (with a message) when the C compiler or ../dm-dedup is missing.
 
@@ -55,6 +58,7 @@ fn harness() -> Option<&'static Path> {
             "dedup-array.c",
             "dedup-space.c",
             "dedup-metadata.c",
+            "dedup-saved.c",
         ] {
             cmd.arg(kdir.join(f));
         }
@@ -166,9 +170,22 @@ fn workload_image(
     data: u64,
     args: &[&str],
 ) -> (PathBuf, Out) {
+    image_after(h, t, name, "workload", logical, data, args)
+}
+
+/// workload_image with the harness command `cmd` (`workload` or `save`).
+fn image_after(
+    h: &Path,
+    t: &Tmp,
+    name: &str,
+    cmd: &str,
+    logical: u64,
+    data: u64,
+    args: &[&str],
+) -> (PathBuf, Out) {
     let m = t.file(name, (required_blocks(logical, data) + 16) * 4096);
     let (l, d) = (logical.to_string(), data.to_string());
-    let mut argv = vec!["workload", m.to_str().unwrap(), &l, &d];
+    let mut argv = vec![cmd, m.to_str().unwrap(), &l, &d];
     argv.extend_from_slice(args);
     let out = run(h, &argv).unwrap();
     (m, out)
@@ -526,4 +543,71 @@ fn kernel_opens_repaired_metadata() {
     assert!(left > 0 && left < p.summary.placeholders);
     r.problems.retain(|p| p.code != "placeholder_fingerprint");
     assert_agrees(&r, &c, &more);
+}
+
+/// What the kernel saves at a clean close (dd_md_save, an index part of
+/// empty slots) checks clean and loadable; the kernel loads it instead of
+/// walking the trees and finds the same state; the commit of the next
+/// read-write open drops it, and the walk finds the same state again.
+#[test]
+fn kernel_saved_state_checks_clean_and_loads() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("saved");
+    let (logical, data) = (30_000u64, 4_000u64);
+    let (l, d) = (logical.to_string(), data.to_string());
+    let (m, out) = image_after(h, &t, "m", "save", logical, data, &["11", "20000", "700"]);
+    let ms = m.to_str().unwrap();
+    let (r, c) = check_file(&m);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    let saved = r.saved.as_ref().expect("the superblock names a save");
+    assert!(saved.loadable && saved.compared, "{saved:?}");
+    let sb = r.superblock.as_ref().unwrap();
+    assert_eq!(sb.saved_root, saved.root);
+    assert_eq!(sb.generation, out.stats["txn"]);
+    assert_eq!(c.mappings, out.map);
+    let s = r.summary.as_ref().unwrap();
+    // The save's own blocks are taken too, until the next commit.
+    assert_eq!(
+        s.metadata_blocks_used + saved.blocks,
+        out.stats["metadata_used"]
+    );
+    assert_eq!(s.live_blocks, out.stats["live"]);
+    let text = dedup_tools::check::render(&r, "m");
+    assert!(text.contains("loadable, matches the trees"), "{text}");
+
+    // Loaded, read-only: the same map and counters.
+    let loaded = run(h, &["map", ms, &l, &d]).unwrap();
+    assert_eq!(loaded.stats["loaded"], 1);
+    assert_eq!(loaded.map, out.map);
+    for k in [
+        "txn",
+        "metadata_used",
+        "live",
+        "mapped",
+        "unique",
+        "duplicate",
+        "zero",
+        "discarded",
+    ] {
+        assert_eq!(loaded.stats[k], out.stats[k], "{k}");
+    }
+    // Blocks freed before the close and not yet reusable are free now.
+    assert_eq!(loaded.stats["data_used"], out.stats["live"]);
+    // Loaded, read-write: committed again, without the save.
+    let opened = run(h, &["open", ms, &l, &d]).unwrap();
+    assert_eq!(opened.stats["loaded"], 1);
+    assert_eq!(opened.stats["txn"], out.stats["txn"] + 1);
+    let (r, c) = check_file(&m);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert!(r.saved.is_none());
+    let sb = r.superblock.as_ref().unwrap();
+    assert_eq!((sb.saved_root, sb.saved_words), (0, 0));
+    assert_eq!(c.mappings, out.map);
+    let walked = run(h, &["map", ms, &l, &d]).unwrap();
+    assert_eq!(walked.stats["loaded"], 0);
+    assert_eq!(walked.map, out.map);
+    assert_eq!(
+        walked.stats["metadata_used"],
+        r.summary.as_ref().unwrap().metadata_blocks_used
+    );
 }
