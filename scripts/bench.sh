@@ -19,7 +19,7 @@
 # small sizes, one repetition, two images) writes to tests/out/bench/ instead.
 #
 # Environment: BENCH_REPS (3), BENCH_QUICK, BENCH_STACKS ("raw thin vdo
-# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync discard pool"),
+# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync discard activation pool"),
 # BENCH_CACHE (/var/cache/dm-dedup-bench), BENCH_OUT (result directory),
 # BENCH_BEFORE (a commit whose module runs as one more stack, "before"),
 # BENCH_DATA_GIB (12), BENCH_PROFILE (workloads for profile.sh, default
@@ -121,7 +121,7 @@ qemu_ver=$(qemu-system-x86_64 --version | head -n 1)
 q() { printf '%q' "$1"; }
 CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
 export BENCH_STACKS=$(q "$STACKS") BENCH_BEFORE_KO=$(q "$BEFORE_KO") BENCH_BEFORE=$(q "${before:-}")
-export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync discard pool}")
+export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync discard activation pool}")
 export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/target/release/dedup")
 /usr/bin/python3 $(q "$REPO/tests/bench/bench.py") || exit
 # A failed profile must not cost the benchmark's results: it says so in

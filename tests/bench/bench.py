@@ -49,6 +49,7 @@ SEQ_BYTES = (32 if QUICK else 256) * MIB
 RAND_BYTES = (8 if QUICK else 64) * MIB
 READ_FILL = (32 if QUICK else 256) * MIB
 TIMED_SECS = 3 if QUICK else 10
+ACT_BLOCKS = (64 if QUICK else 1024) * 1024   # unique blocks held at activation
 THIN_CHUNK_SECTORS = 128            # 64 KiB, LVM's default chunk size
 VDO_CACHE_BLOCKS = 32768            # dm-vdo's default block map cache (128 MiB)
 VDO_ERA = 16380                     # dm-vdo's default block map era length
@@ -205,6 +206,9 @@ class Vdo(Stack):
     def create(self):
         sh(["vdoformat", "--force", "--logical-size=%dK" % (self.logical_sectors // 2),
             self.data])
+        self.activate()
+
+    def activate(self):
         sh(["dmsetup", "create", "bench-vdo", "--table",
             "0 %d vdo V4 %s %d 4096 %d %d compression off" % (
                 self.logical_sectors, self.data, self.data_sectors // 8,
@@ -232,6 +236,9 @@ class Dedup(Stack):
     name = "dedup"
 
     def create(self):
+        self.activate()
+
+    def activate(self):
         sh(["dmsetup", "create", "bench-dedup", "--table",
             "0 %d dedup %s %s" % (self.logical_sectors, self.meta, self.data)])
         self.dev = "/dev/mapper/bench-dedup"
@@ -534,6 +541,70 @@ def w_discard(stacks, data, meta):
     save()
 
 
+def timed_activation(s):
+    """Remove the stack cleanly, then time its activation (dmsetup create
+    returns once the table is live)."""
+    t = time.monotonic()
+    s.remove()
+    removed = time.monotonic() - t
+    t = time.monotonic()
+    s.activate()
+    run = {"secs": time.monotonic() - t, "remove_secs": removed}
+    if isinstance(s, Dedup):
+        st = s.stats()
+        run.update(index_loaded=st["index_loaded"], kernel_ms=st["activation_ms"])
+    return run
+
+
+def crashed_activation(s, meta_linear, meta):
+    """dm-dedup removed while its metadata disk fails every write: no
+    final commit and no save reach it, as after a crash. Then time the
+    activation on the healthy disk: a rebuild from the trees."""
+    n = sectors(meta)
+    ddlib.dm_swap_table(meta_linear, "0 %d flakey %s 0 0 1 1 error_writes" % (n, meta))
+    s.remove()
+    ddlib.dm_swap_table(meta_linear, "0 %d linear %s 0" % (n, meta))
+    t = time.monotonic()
+    s.activate()
+    st = s.stats()
+    return {"secs": time.monotonic() - t, "index_loaded": st["index_loaded"],
+            "kernel_ms": st["activation_ms"]}
+
+
+def w_activation(stacks, data, meta):
+    """Activation of a device holding ACT_BLOCKS unique blocks: dm-vdo and
+    dm-dedup after a clean shutdown, and dm-dedup after a crash (its index
+    rebuilt from the fingerprint records)."""
+    for cls in stacks:
+        if cls not in (Vdo, Dedup):
+            continue
+        discard_disks(data, meta)
+        meta_linear = None
+        if cls is Dedup:
+            meta_linear, _ = ddlib.dm_linear("bench-meta", meta)
+        s = cls(data, meta_linear or meta)
+        s.create()
+        try:
+            fio(s.dev, rw="write", bs="1M", iodepth=4, size=ACT_BLOCKS * BLOCK,
+                **data_opts(0, 5151))
+            flush(s.dev)
+            extra = s.extra()
+            runs = [timed_activation(s) for _ in range(REPS + 1)]
+            record("activation", "clean", s.name, "secs", "s", runs, better="lower",
+                   extra=extra)
+            if cls is Dedup:
+                assert all(r["index_loaded"] == 1 for r in runs), runs
+                runs = [crashed_activation(s, "bench-meta", meta) for _ in range(REPS + 1)]
+                assert not any(r["index_loaded"] for r in runs), runs
+                record("activation", "crash", s.name, "secs", "s", runs, better="lower",
+                       extra=extra)
+        finally:
+            s.remove()
+            if meta_linear:
+                ddlib.dm_remove("bench-meta")
+    save()
+
+
 def w_pool(stacks, data, meta):
     pooldev = disk("pool")
     if pooldev is None:
@@ -617,7 +688,7 @@ def w_pool(stacks, data, meta):
 
 WORKLOAD_FUNCS = {"seqwrite": w_seqwrite, "randwrite": w_randwrite,
                   "randread": w_randread, "fsync": w_fsync, "discard": w_discard,
-                  "pool": w_pool}
+                  "pool": w_pool, "activation": w_activation}
 
 
 def cpu_reference():
@@ -730,7 +801,8 @@ def main():
                          "before_commit": os.environ.get("BENCH_BEFORE", ""),
                          "workloads": WORKLOADS, "seq_bytes": SEQ_BYTES,
                          "rand_bytes": RAND_BYTES, "read_fill_bytes": READ_FILL,
-                         "timed_secs": TIMED_SECS, "data_bytes": sectors(data) * 512,
+                         "timed_secs": TIMED_SECS, "activation_blocks": ACT_BLOCKS,
+                         "data_bytes": sectors(data) * 512,
                          "meta_bytes": sectors(meta) * 512,
                          "thin_chunk_bytes": THIN_CHUNK_SECTORS * 512,
                          "vdo_block_map_cache_bytes": VDO_CACHE_BLOCKS * BLOCK}
