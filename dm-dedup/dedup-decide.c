@@ -63,8 +63,17 @@ enum dd_index_head {
 	DD_HEAD_KEY0,
 	DD_HEAD_KEY1,
 	DD_HEAD_ENTRIES,
-	DD_HEAD_FULL,
+	DD_HEAD_FULL,		/* failed inserts so far, the stats counter */
+	DD_HEAD_LOADS,		/* activations that loaded it since a walk */
 };
+
+/*
+ * A load trusts what the last instance had in RAM; a walk checks the
+ * trees and draws a new placement key. Every so many loads, walk.
+ */
+#define DD_INDEX_MAX_LOADS	16
+const char dd_index_walk_due[] =
+	"loaded 16 times since the last walk: walking to check the trees and draw a new index key";
 
 void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s)
 {
@@ -76,18 +85,39 @@ void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s)
 	s->head[DD_HEAD_KEY1] = dc->index.key.key[1];
 	s->head[DD_HEAD_ENTRIES] = dc->index.nr_entries;
 	s->head[DD_HEAD_FULL] = atomic64_read(&dc->index_full);
+	s->head[DD_HEAD_LOADS] = dc->index_loads;
 }
 
-/* Before the metadata accepts a loaded index: the counts must agree. */
-int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s)
+/*
+ * Before the metadata accepts a loaded index: every entry names a live
+ * block, and the counts agree.
+ */
+int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s,
+		      const struct dd_space *live, const char **why)
 {
 	struct dedup_c *dc = ctx;
-	u64 i, n = 0;
+	u64 i, n = 0, pba;
 
-	for (i = 0; i < s->nr_words; i++)
-		n += !!s->words[i];
-	if (n != s->head[DD_HEAD_ENTRIES] || n > dc->index.max_entries)
+	if (s->head[DD_HEAD_LOADS] >= DD_INDEX_MAX_LOADS) {
+		*why = dd_index_walk_due;
+		return -EAGAIN;
+	}
+	for (i = 0; i < s->nr_words; i++) {
+		if (!(i & 0xfffff))
+			cond_resched();
+		if (!dd_index_slot_block(s->words[i], &pba))
+			continue;
+		if (!dd_space_is_used(live, pba)) {
+			*why = "an index entry names a block without references";
+			return -EILSEQ;
+		}
+		n++;
+	}
+	if (n != s->head[DD_HEAD_ENTRIES] || n > dc->index.max_entries ||
+	    n > live->nr_used) {
+		*why = "the index's entry count disagrees";
 		return -EILSEQ;
+	}
 	return 0;
 }
 
@@ -98,6 +128,7 @@ void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s)
 	dc->index.key.key[1] = s->head[DD_HEAD_KEY1];
 	dc->index.nr_entries = s->head[DD_HEAD_ENTRIES];
 	atomic64_set(&dc->index_full, s->head[DD_HEAD_FULL]);
+	dc->index_loads = s->head[DD_HEAD_LOADS] + 1;
 }
 
 /* Only content on disk may be shared: called once its write completed. */

@@ -63,6 +63,15 @@ static inline u64 dd_next(const struct dd_index *idx, u64 pos)
 	return pos + 1 < idx->nr_slots ? pos + 1 : 0;
 }
 
+/* The physical block a slot names, as saved and loaded: false if empty. */
+bool dd_index_slot_block(u64 slot, u64 *pba)
+{
+	if (!dd_slot_pba1(slot))
+		return false;
+	*pba = dd_slot_pba1(slot) - 1;
+	return true;
+}
+
 int dd_index_init(struct dd_index *idx, u64 max_entries)
 {
 	/* A load factor of at most 0.8 keeps probe sequences short. */

@@ -43,6 +43,7 @@ void dd_index_exit(struct dd_index *idx);
 size_t dd_index_bytes(const struct dd_index *idx);
 
 int dd_index_insert(struct dd_index *idx, const u8 *fp, u64 pba);
+bool dd_index_slot_block(u64 slot, u64 *pba);
 bool dd_index_remove(struct dd_index *idx, const u8 *fp, u64 pba);
 void dd_index_iter_init(const struct dd_index *idx, const u8 *fp,
 			struct dd_index_iter *it);

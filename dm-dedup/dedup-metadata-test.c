@@ -1603,8 +1603,13 @@ static void dd_md_test_commit_churn(struct kunit *test)
 
 static int dd_test_saved_refusals;
 
-static int dd_test_saved_ok(void *ctx, const struct dd_md_saved *s)
+static int dd_test_saved_ok(void *ctx, const struct dd_md_saved *s,
+			    const struct dd_space *live, const char **why)
 {
+	/* as the target sees it: the live blocks are loaded already */
+	if (!dd_space_is_used(live, 0))
+		return -EINVAL;
+	*why = "refused by the test";
 	return dd_test_saved_refusals ? -EILSEQ : 0;
 }
 
@@ -1631,6 +1636,7 @@ static void dd_test_saved_clear(struct dd_md_saved *s)
 	memset(s->head, 0, sizeof(s->head));
 	s->head[0] = DD_TEST_LAYOUT;
 	s->loaded = false;
+	s->why = NULL;
 }
 
 /* Close after saving @s filled with a pattern that starts at @seed. */
@@ -1702,6 +1708,7 @@ static void dd_md_test_saved(struct kunit *test)
 	dd_test_saved_clear(s);
 	md = dd_test_md_open(test, bdev, cfg);
 	dd_test_expect_saved(test, s, 1000);
+	KUNIT_EXPECT_NULL(test, s->why);
 	KUNIT_EXPECT_EQ(test, ev->visited, 0);
 	st2 = dd_test_stats(md);
 	KUNIT_EXPECT_EQ(test, st2.mapped, st.mapped);
@@ -1744,6 +1751,7 @@ static void dd_test_expect_rebuilt(struct kunit *test,
 	ev->visited = 0;
 	md = dd_test_md_open(test, bdev, cfg);
 	KUNIT_EXPECT_FALSE(test, s->loaded);
+	KUNIT_EXPECT_NOT_NULL(test, s->why);
 	KUNIT_EXPECT_EQ(test, ev->visited, 3);
 	KUNIT_EXPECT_EQ(test, s->words[5], 0);	/* wiped for the rebuild */
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 3);

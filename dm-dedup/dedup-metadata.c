@@ -285,7 +285,12 @@ static bool dd_activate_saved(struct dd_metadata *md)
 {
 	const struct dd_superblock *sb = &md->sb;
 	struct dd_md_saved *saved = md->cfg.saved;
+	const __le64 roots[] = {
+		sb->map_root, sb->refcount_root, sb->fingerprint_root
+	};
 	const char *why = NULL;
+	unsigned int i;
+	u64 root;
 	int r;
 
 	if (!saved || !sb->saved_root)
@@ -297,16 +302,21 @@ static bool dd_activate_saved(struct dd_metadata *md)
 		why = "live data blocks differ from the superblock";
 		r = -EILSEQ;
 	}
-	if (!r && md->cfg.saved_ok && md->cfg.saved_ok(md->cfg.ctx, saved)) {
-		why = "the target refused its part";
-		r = -EILSEQ;
+	/* The roots, at least, must be the trees' own blocks. */
+	for (i = 0; !r && i < ARRAY_SIZE(roots); i++) {
+		root = le64_to_cpu(roots[i]);
+		if (root && !dd_space_is_used(&md->bm->space, root)) {
+			why = "a tree root is not in the metadata bitmap";
+			r = -EILSEQ;
+		}
 	}
+	if (!r && md->cfg.saved_ok)
+		r = md->cfg.saved_ok(md->cfg.ctx, saved, &md->data, &why);
 	if (!r) {
 		saved->loaded = true;
 		return true;
 	}
-	DMWARN("the state saved at the last clean close is not usable (%s); rebuilding it",
-	       why);
+	saved->why = why;
 	dd_space_reset(&md->bm->space);
 	dd_space_reset(&md->data);
 	memset(&saved->head[1], 0, sizeof(saved->head) - sizeof(saved->head[0]));
@@ -515,6 +525,9 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		if (r)
 			goto bad;
 	}
+	/* Both point into the caller's open only. */
+	md->cfg.saved = NULL;
+	md->cfg.saved_ok = NULL;
 	*mdp = md;
 	return 0;
 bad:
@@ -1203,8 +1216,12 @@ int dd_md_save(struct dd_metadata *md, const struct dd_md_saved *saved)
 	r = dd_saved_write(md->bm, &md->data, saved, md->leaf_buf, &root,
 			   &words);
 	mutex_unlock(&md->data_lock);
-	if (!r)
-		r = dd_write_state(md, root, words);
+	if (r) {
+		/* Its blocks are free for the last commit: write them out. */
+		dd_abort(md);
+		goto out;
+	}
+	r = dd_write_state(md, root, words);
 	if (r)
 		goto out;
 	/* The save describes this state: nothing may change it now. */

@@ -17,6 +17,7 @@
 #include <linux/types.h>
 
 #include "dedup-format.h"
+#include "dedup-space.h"
 
 struct dd_metadata;
 
@@ -32,14 +33,23 @@ typedef void (*dd_reusable_fn)(void *ctx, u64 begin, u64 end);
  * @words (@nr_words of them) and @head belong to the target; head[0]
  * names their layout, and a save of another layout is not loaded. The
  * open fills them (zeroed beforehand), asks cfg->saved_ok and sets
- * @loaded, or else calls cfg->visit for a rebuild.
+ * @loaded, or else calls cfg->visit for a rebuild and says in @why
+ * what kept it from loading (NULL: nothing was saved).
  */
 struct dd_md_saved {
 	u64 head[DD_SAVED_TARGET_HEAD];
 	u64 *words;
 	u64 nr_words;
 	bool loaded;
+	const char *why;
 };
+
+/*
+ * Whether the target takes its loaded part: 0 yes; else *why says why
+ * not. @live holds the data blocks with a reference, as loaded.
+ */
+typedef int (*dd_saved_ok_fn)(void *ctx, const struct dd_md_saved *saved,
+			      const struct dd_space *live, const char **why);
 
 struct dd_md_config {
 	u64 logical_blocks;
@@ -56,7 +66,7 @@ struct dd_md_config {
 	dd_fp_visit_fn visit;
 	void *ctx;		/* for visit */
 	struct dd_md_saved *saved;	/* may be NULL: always rebuild */
-	int (*saved_ok)(void *ctx, const struct dd_md_saved *saved);
+	dd_saved_ok_fn saved_ok;
 };
 
 struct dd_md_stats {

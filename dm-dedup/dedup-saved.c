@@ -62,6 +62,7 @@ static int dd_saved_write_leaves(struct dd_array *a,
 	int r;
 
 	for (leaf = 0; leaf * DD_WORDS_PER_LEAF < w->l.total; leaf++) {
+		cond_resched();
 		first = leaf * DD_WORDS_PER_LEAF;
 		n = min_t(u64, DD_WORDS_PER_LEAF, w->l.total - first);
 		zero = true;
@@ -77,7 +78,6 @@ static int dd_saved_write_leaves(struct dd_array *a,
 			return r;
 		memcpy(entry, buf, n * sizeof(*buf));
 		dd_bm_release_dirty(&blk);
-		cond_resched();
 	}
 	return 0;
 }
@@ -217,8 +217,10 @@ int dd_saved_load(struct dd_bm *bm, struct dd_space *data, u64 root,
 	dd_array_init(&a, bm, DD_ARRAY_SAVED, sizeof(__le64), nr_words, root);
 	/* Takes the save's own blocks in bm->space as it goes. */
 	r = dd_array_walk(&a, dd_saved_leaf, &rd);
-	if (!r && !rd.header_seen)
+	if (!r && !rd.header_seen) {
+		rd.why = "no header";
 		r = -EILSEQ;
+	}
 	if (!r) {
 		/* Only the loaded superblock names them: free at the next commit. */
 		dd_space_release_all(&bm->space);

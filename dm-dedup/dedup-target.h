@@ -116,6 +116,7 @@ struct dedup_c {
 	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
 	atomic64_t verify_mismatches;
 	atomic64_t index_full;
+	u64 index_loads;	/* activations that loaded it since a walk */
 	atomic64_t nospc_errors;
 
 	/* dedup-io.c */
@@ -216,7 +217,9 @@ void dd_io_end(struct dedup_c *dc, struct bio *bio);
 void dd_decide_init(struct dedup_c *dc);
 int dd_index_visit(void *ctx, u64 pba, const u8 *fp);
 void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s);
-int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s);
+int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s,
+		      const struct dd_space *live, const char **why);
+extern const char dd_index_walk_due[];
 void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s);
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision);

@@ -400,11 +400,17 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		dd_index_saved_adopt(dc, &saved);
 	dc->index_loaded = saved.loaded;
 	dc->activation_ms = ktime_ms_delta(ktime_get(), start);
-	DMINFO("%s: index of %llu blocks %s in %llu ms", dd_name(dc),
-	       dc->index.nr_entries,
-	       saved.loaded ? "loaded from the last clean close" :
-			      "rebuilt from the metadata",
-	       dc->activation_ms);
+	if (saved.why == dd_index_walk_due)
+		DMINFO("%s: saved state %s", dd_name(dc), saved.why);
+	else if (saved.why)
+		DMWARN("%s: saved state not usable (%s); rebuilding it",
+		       dd_name(dc), saved.why);
+	if (saved.loaded || dc->index.nr_entries)
+		DMINFO("%s: index of %llu blocks %s in %llu ms", dd_name(dc),
+		       dc->index.nr_entries,
+		       saved.loaded ? "loaded from the last clean close" :
+				      "rebuilt from the metadata",
+		       dc->activation_ms);
 	if (dd_md_needs_check(dc->md)) {
 		WRITE_ONCE(dc->mode, DD_MODE_NEEDS_CHECK);
 		DMERR("%s: metadata flagged needs_check: read-only; run dedup check",
@@ -428,8 +434,13 @@ static int dd_claim_devices(struct dedup_c *dc, bool *reload)
 		if (!same_meta && other->data_dev->bdev != data &&
 		    other->meta_dev->bdev != data && other->data_dev->bdev != meta)
 			continue;
+		/*
+		 * Only a table replacing this device's own may share the
+		 * devices; two targets of one table never may.
+		 */
 		if (dm_table_get_md(other->ti->table) != md || !same_meta ||
-		    other->data_dev->bdev != data) {
+		    other->data_dev->bdev != data ||
+		    other->ti->table == dc->ti->table) {
 			dc->ti->error = "Device already in use by another dedup target";
 			return -EBUSY;
 		}
@@ -545,26 +556,30 @@ bad:
  * The index and the allocation state go to the metadata device, so that
  * the next activation loads them instead of walking every tree. Not when
  * a reloaded table has taken over the metadata already (it is on
- * dd_instances too, and saves when it goes); the lock keeps any other
- * table from opening the metadata meanwhile.
+ * dd_instances too, and saves when it goes). Until dd_destroy this
+ * instance stays on the list, so no other table can claim the devices
+ * while the save is written.
  */
 static void dd_save_at_close(struct dedup_c *dc)
 {
 	struct dd_md_saved saved;
 	struct dedup_c *other;
+	bool successor = false;
 	ktime_t start;
 	int r;
 
 	mutex_lock(&dd_instances_lock);
-	list_for_each_entry(other, &dd_instances, instance) {
-		if (other != dc && other->meta_dev->bdev == dc->meta_dev->bdev)
-			goto out;
-	}
+	list_for_each_entry(other, &dd_instances, instance)
+		successor |= other != dc &&
+			     other->meta_dev->bdev == dc->meta_dev->bdev;
+	mutex_unlock(&dd_instances_lock);
+	if (successor)
+		return;
 	start = ktime_get();
 	dd_index_saved_view(dc, &saved);
 	r = dd_md_save(dc->md, &saved);
 	if (r == -EROFS)
-		goto out;	/* nothing changed: an earlier save still holds */
+		return;	/* nothing changed: an earlier save still holds */
 	if (r)
 		DMWARN("%s: cannot save the index (error %d); the next activation rebuilds it",
 		       dd_name(dc), r);
@@ -572,8 +587,6 @@ static void dd_save_at_close(struct dedup_c *dc)
 		DMINFO("%s: index of %llu blocks saved for the next activation in %lld ms",
 		       dd_name(dc), dc->index.nr_entries,
 		       ktime_ms_delta(ktime_get(), start));
-out:
-	mutex_unlock(&dd_instances_lock);
 }
 
 static void dedup_dtr(struct dm_target *ti)

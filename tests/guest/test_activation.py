@@ -195,3 +195,40 @@ def test_no_save_after_a_failed_final_commit(backing, seed):
         assert bd.read(500) == ddlib.ZERO
     dev.remove()
     run(["dmsetup", "remove", "ddtameta"])
+
+
+def test_every_sixteenth_activation_walks(dedup, seed):
+    """A load trusts what the last instance had in RAM: after 16 loads in
+    a row the activation walks the trees (and draws a new index key)."""
+    exp = write_ids(dedup.path, seed, LAYOUT)
+    for _ in range(16):
+        dedup.remove()
+        dedup.activate()
+        assert index_loaded(dedup)
+    k = ddlib.Kmsg()
+    dedup.remove()
+    dedup.activate()
+    lines = k.lines()
+    k.close()
+    assert any("loaded 16 times since the last walk" in l for l in lines), lines[-8:]
+    assert not index_loaded(dedup)
+    verify_blocks(dedup.path, exp, nblocks=len(LAYOUT))
+    dedup.remove()
+    dedup.activate()
+    assert index_loaded(dedup)
+    # Still the same dedup decisions after the new key.
+    before = dedup.status()
+    write_ids(dedup.path, seed, list(range(8)), start=300)
+    assert dedup.status()["data_used"] == before["data_used"]
+
+
+def test_two_targets_of_one_table_on_the_same_devices_refused(backing):
+    """Not a reload: both would open the metadata read-write."""
+    meta = backing.loop(16, "meta")
+    data = backing.loop(64, "data")
+    n = 64 * ddlib.MIB // 512
+    table = "0 %d dedup %s %s\n%d %d dedup %s %s\n" % (n, meta, data, n, n, meta, data)
+    p = run(["dmsetup", "create", "ddttwo"], input=table, check=False)
+    assert p.returncode != 0
+    assert not ddlib.dm_exists("ddttwo")
+    assert any("already in use by another dedup target" in l for l in ddlib.dmesg_tail(10))

@@ -37,14 +37,16 @@ enum { HEAD_LAYOUT, HEAD_KEY0, HEAD_KEY1, HEAD_ENTRIES, HEAD_FULL };
 static struct dd_md_saved saved = { .head = { INDEX_LAYOUT } };
 
 /* dd_index_saved_ok without a maximum: the slots and the count agree. */
-static int saved_ok(void *ctx, const struct dd_md_saved *s)
+static int saved_ok(void *ctx, const struct dd_md_saved *s,
+		    const struct dd_space *live, const char **why)
 {
 	u64 n = 0;
 
 	(void)ctx;
 	for (u64 i = 0; i < s->nr_words; i++)
 		n += !!s->words[i];
-	return n == s->head[HEAD_ENTRIES] ? 0 : -EILSEQ;
+	*why = "the index's entry count disagrees";
+	return n == s->head[HEAD_ENTRIES] && n <= live->nr_used ? 0 : -EILSEQ;
 }
 
 struct model {

@@ -89,6 +89,7 @@ static inline u64 div_u64_rem(u64 a, u32 b, u32 *r) { *r = a % b; return a / b; 
 #define BITS_PER_LONG 64
 #define BITS_TO_LONGS(n) (((n) + BITS_PER_LONG - 1) / BITS_PER_LONG)
 #define BIT_WORD(nr) ((nr) / BITS_PER_LONG)
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 static inline bool test_bit(u64 nr, const unsigned long *a)
 {
 	return (a[nr / BITS_PER_LONG] >> (nr % BITS_PER_LONG)) & 1;

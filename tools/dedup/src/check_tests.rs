@@ -1136,7 +1136,18 @@ fn saved_state_blocks_that_do_not_read_are_a_warning() {
 #[test]
 fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
     type Edit = fn(&mut Vec<u64>, &fmt::Layout);
-    let cases: [(Edit, &str); 6] = [
+    // The slot edits add an entry: keep the head's count right.
+    fn with_count(edit: Edit) -> impl Fn(&mut Vec<u64>, &fmt::Layout) {
+        move |w, l| {
+            edit(w, l);
+            let used = w[l.target_start as usize..]
+                .iter()
+                .filter(|&&s| s != 0)
+                .count();
+            w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = used as u64;
+        }
+    }
+    let cases: [(Edit, &str); 3] = [
         (
             |w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5),
             "1 metadata blocks the trees use are not marked used (the first is 5)",
@@ -1146,36 +1157,44 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
             "no tree uses them (the first is 20)",
         ),
         (
-            |w, l| w[(l.target_start + 1) as usize] = 260 + 1,
-            "refcount 0 or beyond the device (the first is 260)",
-        ),
-        (
             |w, l| w[(l.target_start + 1) as usize] = 1,
             "in two index slots (the first is 0)",
+        ),
+    ];
+    for (edit, why) in cases {
+        let (d, _, _) = saved_sample(with_count(edit));
+        assert_wrong(&run(&d), why);
+    }
+    // What dd_index_saved_ok refuses: the kernel walks instead.
+    let refused: [(Edit, &str); 3] = [
+        (
+            |w, l| w[(l.target_start + 1) as usize] = 260 + 1,
+            "refcount 0 or beyond the device (the first is 260)",
         ),
         (
             |w, l| w[(l.target_start + 1) as usize] = 5 << 48,
             "name no block",
         ),
         (
-            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_FULL] += 1,
-            "151 unindexed live blocks, but 250",
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = 251,
+            "251 index entries, but only 250",
         ),
     ];
-    for (edit, why) in cases {
+    for (edit, why) in refused {
         let (d, _, _) = saved_sample(|w, l| {
-            edit(w, l);
-            // The slot edits add an entry: keep the head's count right.
-            let used = w[l.target_start as usize..]
-                .iter()
-                .filter(|&&s| s != 0)
-                .count();
-            w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = used as u64;
-            if used as u64 != INDEXED {
-                w[fmt::W_TARGET_HEAD + fmt::HEAD_FULL] -= used as u64 - INDEXED;
+            if why.starts_with("251") {
+                edit(w, l);
+            } else {
+                with_count(edit)(w, l);
             }
         });
-        assert_wrong(&run(&d), why);
+        let r = run(&d);
+        assert!(r.has(saved::STALE), "{why}: {:#?}", r.problems);
+        assert!(
+            r.problems.iter().any(|p| p.message.contains(why)),
+            "no {why:?} in {:#?}",
+            r.problems
+        );
     }
     // A live block swapped for a free one: the count still matches.
     let (d, _, _) = saved_sample(|w, l| {

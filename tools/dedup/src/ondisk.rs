@@ -209,8 +209,9 @@ pub mod saved {
 
     /// The target's part as dedup-decide.c saves it (dd_index_saved_view):
     /// head[0] = this layout, head[1..2] the siphash key, head[3] the
-    /// entries in the slots, head[4] the live blocks the index had no
-    /// room for; the words are the slots of dedup-index.c.
+    /// entries in the slots, head[4] the inserts that found no room so far
+    /// (the stats counter index_full), head[5] the activations that loaded
+    /// the index since one walked; the words are the slots of dedup-index.c.
     pub const INDEX_LAYOUT: u64 = 0x3158_4449; // "IDX1"
     pub const HEAD_LAYOUT: usize = 0;
     pub const HEAD_ENTRIES: usize = 3;

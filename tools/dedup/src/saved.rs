@@ -370,17 +370,18 @@ impl SavedWalk {
             "data blocks with refcount > 0 are not marked used",
             ": the kernel would allocate them again and overwrite their content",
         );
+        // dd_index_saved_ok refuses these: the kernel walks instead.
         note(
-            &mut wrong,
+            &mut stale,
             &self.slot_no_block,
             "index slots are in use but name no block (slot value)",
             "",
         );
         note(
-            &mut wrong,
+            &mut stale,
             &self.slot_dead,
             "index slots name a data block with refcount 0 or beyond the device",
-            ": the kernel would map new writes onto it",
+            "",
         );
         note(
             &mut wrong,
@@ -388,13 +389,12 @@ impl SavedWalk {
             "data blocks are in two index slots",
             "",
         );
-        let full = self.head[fmt::HEAD_FULL];
-        if entries.checked_add(full) != Some(live_blocks) {
-            wrong.push((
+        if entries > live_blocks {
+            stale.push((
                 at,
                 format!(
-                    "its head counts {entries} indexed and {full} unindexed live blocks, but \
-                     {live_blocks} data blocks have refcount > 0"
+                    "its head counts {entries} index entries, but only {live_blocks} data \
+                     blocks have refcount > 0"
                 ),
             ));
         }
