@@ -11,6 +11,7 @@
 #define DM_MSG_PREFIX "dedup"
 
 #include <linux/blkdev.h>
+#include <linux/stringify.h>
 #include <linux/unaligned.h>
 
 #include "dedup-target.h"
@@ -73,7 +74,8 @@ enum dd_index_head {
  */
 #define DD_INDEX_MAX_LOADS	16
 const char dd_index_walk_due[] =
-	"loaded 16 times since the last walk: walking to check the trees and draw a new index key";
+	"loaded " __stringify(DD_INDEX_MAX_LOADS)
+	" times since the last walk: walking to check the trees and draw a new index key";
 
 void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s)
 {

@@ -342,10 +342,9 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		      DD_FP_SIZE, le64_to_cpu(sb->data_blocks),
 		      le64_to_cpu(sb->fingerprint_root));
 
-	if (dd_activate_saved(md)) {
-		dd_load_committed_counters(md);
+	dd_load_committed_counters(md);
+	if (dd_activate_saved(md))
 		return 0;
-	}
 	r = dd_array_walk(&md->map, NULL, NULL);
 	if (!r)
 		r = dd_array_walk(&md->refcount, dd_scan_refcounts, &scan);
@@ -359,7 +358,6 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		*error = "metadata is damaged (see the lines above); run dedup check";
 		return r;
 	}
-	dd_load_committed_counters(md);
 	if (scan.refs != md->mapped || scan.live != md->live ||
 	    scan.fingerprinted != scan.live) {
 		DMERR("metadata inconsistent: refcounts sum to %llu, mapped %llu",

@@ -117,6 +117,12 @@ class Kmsg:
             os.close(self.fd)
             self.fd = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def dmesg_tail(n=20):
     """The last n lines of the kernel log (for error-message assertions)."""
@@ -569,6 +575,12 @@ class BlockDev:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
         self.buf.close()
         if self.big is not None:
             self.big.close()

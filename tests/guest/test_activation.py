@@ -41,10 +41,9 @@ def index_loaded(dev):
 
 
 def remove_with_save(dev):
-    k = ddlib.Kmsg()
-    dev.remove()
-    lines = k.lines()
-    k.close()
+    with ddlib.Kmsg() as k:
+        dev.remove()
+        lines = k.lines()
     assert any("saved for the next activation" in l for l in lines), lines[-5:]
     gen, root, words = newest_superblock(dev.meta)
     assert root and words, "the superblock does not name the save"
@@ -127,10 +126,9 @@ def test_damaged_save_is_rebuilt(dedup, seed):
     st1 = dedup.status()
     remove_with_save(dedup)
     corrupt_a_save_leaf(dedup.meta)
-    k = ddlib.Kmsg()
-    dedup.activate()
-    lines = k.lines()
-    k.close()
+    with ddlib.Kmsg() as k:
+        dedup.activate()
+        lines = k.lines()
     assert any("not usable" in l and "rebuilding" in l for l in lines), lines[-8:]
     assert not index_loaded(dedup)
     assert ddlib.counters(dedup.status()) == ddlib.counters(st1)
@@ -146,10 +144,9 @@ def test_other_sizes_rebuild(backing, make_dedup, seed):
     with open(backing.files[-1], "r+b") as f:   # the data loop's file
         f.truncate(32 * ddlib.MIB)
     run(["losetup", "-c", dev.data])
-    k = ddlib.Kmsg()
-    dev.activate()
-    lines = k.lines()
-    k.close()
+    with ddlib.Kmsg() as k:
+        dev.activate()
+        lines = k.lines()
     assert any("sizes changed" in l for l in lines), lines[-8:]
     assert not index_loaded(dev)
     assert dev.status()["data_total"] == 32 * ddlib.MIB // BLOCK
@@ -158,11 +155,10 @@ def test_other_sizes_rebuild(backing, make_dedup, seed):
 
 def test_reload_does_not_save(dedup, seed):
     exp = write_ids(dedup.path, seed, LAYOUT)
-    k = ddlib.Kmsg()
-    dedup.suspend()
-    dedup.reload()
-    lines = k.lines()
-    k.close()
+    with ddlib.Kmsg() as k:
+        dedup.suspend()
+        dedup.reload()
+        lines = k.lines()
     # The old table goes after the new one opened the metadata: no save.
     assert not any("saved for the next activation" in l for l in lines), lines
     assert not index_loaded(dedup)
@@ -205,11 +201,10 @@ def test_every_sixteenth_activation_walks(dedup, seed):
         dedup.remove()
         dedup.activate()
         assert index_loaded(dedup)
-    k = ddlib.Kmsg()
-    dedup.remove()
-    dedup.activate()
-    lines = k.lines()
-    k.close()
+    with ddlib.Kmsg() as k:
+        dedup.remove()
+        dedup.activate()
+        lines = k.lines()
     assert any("loaded 16 times since the last walk" in l for l in lines), lines[-8:]
     assert not index_loaded(dedup)
     verify_blocks(dedup.path, exp, nblocks=len(LAYOUT))
