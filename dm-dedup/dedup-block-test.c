@@ -103,7 +103,7 @@ static void dd_block_test_layout(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_block_header, array), 24);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_block_header, level), 25);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_block_header, reserved2), 28);
-	KUNIT_EXPECT_EQ(test, sizeof(struct dd_superblock), 208);
+	KUNIT_EXPECT_EQ(test, sizeof(struct dd_superblock), 240);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, saved_root), 192);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, saved_words), 200);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, magic), 32);
@@ -129,6 +129,11 @@ static void dd_block_test_layout(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, discarded_blocks),
 			176);
 	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, format_time), 184);
+	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, journal_start), 208);
+	KUNIT_EXPECT_EQ(test, offsetof(struct dd_superblock, journal_id), 232);
+	KUNIT_EXPECT_EQ(test, sizeof(struct dd_journal_header),
+			DD_JOURNAL_HEADER_SIZE);
+	KUNIT_EXPECT_EQ(test, offsetof(struct dd_journal_header, seq), 48);
 	KUNIT_EXPECT_EQ(test, DD_INTERIOR_FANOUT, 508);
 }
 
@@ -145,7 +150,8 @@ static void dd_block_test_superblock_decode(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->hdr.blocknr), 1);
 	KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->hdr.txn), 1);
 	KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->magic), DD_SB_MAGIC);
-	KUNIT_EXPECT_EQ(test, le32_to_cpu(sb->version), DD_FORMAT_VERSION);
+	/* The documentation's example predates the journal: version 1. */
+	KUNIT_EXPECT_EQ(test, le32_to_cpu(sb->version), DD_FORMAT_VERSION_V1);
 	KUNIT_EXPECT_EQ(test, le32_to_cpu(sb->block_size), DD_BLOCK_SIZE);
 	KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->metadata_blocks), 4096);
 	KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->data_blocks), 16384);
@@ -166,7 +172,7 @@ static void dd_block_test_superblock_encode(struct kunit *test)
 	sb->hdr.blocknr = cpu_to_le64(1);
 	sb->hdr.txn = cpu_to_le64(1);
 	sb->magic = cpu_to_le64(DD_SB_MAGIC);
-	sb->version = cpu_to_le32(DD_FORMAT_VERSION);
+	sb->version = cpu_to_le32(DD_FORMAT_VERSION_V1);
 	sb->block_size = cpu_to_le32(DD_BLOCK_SIZE);
 	sb->metadata_blocks = cpu_to_le64(4096);
 	sb->data_blocks = cpu_to_le64(16384);

@@ -4,6 +4,7 @@
  */
 #define DM_MSG_PREFIX "dedup"
 
+#include <linux/bio.h>
 #include <linux/bitmap.h>
 #include <linux/crc32c.h>
 #include <linux/device-mapper.h>
@@ -94,6 +95,7 @@ int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
 	}
 	bm->fresh_lo = U64_MAX;
 	bm->nr_blocks = nr_blocks;
+	bm->bdev = bdev;
 	*bmp = bm;
 	return 0;
 }
@@ -443,4 +445,41 @@ int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb)
 	dd_hdr(&blk)->blocknr = cpu_to_le64(slot);
 	dd_bm_release_dirty(&blk);
 	return dd_bm_write_all(bm);
+}
+
+static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
+		    struct page **pages, unsigned int nr)
+{
+	unsigned int i, n;
+	struct bio *bio;
+	int r = 0;
+
+	if (first + nr > bm->nr_blocks || first + nr < first)
+		return -EINVAL;
+	while (!r && nr) {
+		n = min_t(unsigned int, nr, BIO_MAX_VECS);
+		bio = bio_alloc(bm->bdev, n, opf, GFP_NOIO);
+		bio->bi_iter.bi_sector = first * DD_SECTORS_PER_BLOCK;
+		for (i = 0; i < n; i++)
+			__bio_add_page(bio, pages[i], DD_BLOCK_SIZE, 0);
+		r = submit_bio_wait(bio);
+		bio_put(bio);
+		first += n;
+		pages += n;
+		nr -= n;
+	}
+	return r;
+}
+
+int dd_bm_read_blocks(struct dd_bm *bm, u64 first, struct page **pages,
+		      unsigned int nr)
+{
+	return dd_bm_io(bm, REQ_OP_READ, first, pages, nr);
+}
+
+int dd_bm_write_blocks(struct dd_bm *bm, u64 first, struct page **pages,
+		       unsigned int nr)
+{
+	return dd_bm_io(bm, REQ_OP_WRITE | REQ_SYNC | REQ_FUA, first, pages,
+			nr);
 }

@@ -18,6 +18,7 @@ struct dm_buffer;
 
 struct dd_bm {
 	struct dm_bufio_client *bufio;
+	struct block_device *bdev;	/* for the journal's direct I/O */
 	struct dd_space space;		/* which metadata blocks are in use */
 	u64 nr_blocks;
 	u64 txn;			/* id of the running transaction */
@@ -72,6 +73,14 @@ int dd_bm_writeback_error(struct dd_bm *bm);
 void dd_bm_next_txn(struct dd_bm *bm);
 void dd_bm_settle(struct dd_bm *bm);
 int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb);
+/*
+ * Whole blocks past the cache, for the journal, whose blocks the trees
+ * never read: @nr pages from block @first; writes carry FUA.
+ */
+int dd_bm_read_blocks(struct dd_bm *bm, u64 first, struct page **pages,
+		      unsigned int nr);
+int dd_bm_write_blocks(struct dd_bm *bm, u64 first, struct page **pages,
+		       unsigned int nr);
 
 u32 dd_block_csum(const void *data);
 bool dd_block_csum_ok(const void *data);

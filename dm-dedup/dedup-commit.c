@@ -1,9 +1,16 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Durability and modes: when the running transaction commits, who waits
- * for it (flushes, FUA writes, writes waiting for freed blocks), and what
- * happens when metadata I/O fails. Creates dc->lock; dedup-target.h has
- * its rules.
+ * Durability and modes: when the running transaction is appended to the
+ * journal or committed, who waits for it (flushes, FUA writes, writes
+ * waiting for freed blocks), and what happens when metadata I/O fails.
+ * Creates dc->lock; dedup-target.h has its rules.
+ *
+ * A flush or FUA write needs an append (dd_flush): the data device is
+ * flushed with no lock held, the changes are taken under dc->lock held
+ * exclusive for that alone, and written to the journal with FUA while
+ * writers go on. Commits (checkpoints of the journal) come from the
+ * interval, a half-full journal, the commit message, writers that need
+ * freed blocks, and suspend.
  *
  * A commit holds dc->lock exclusive only to write the metadata. The data
  * the new state points at must be stable first, but the data device is
@@ -295,9 +302,85 @@ static int dd_commit_metadata(struct dedup_c *dc, int flush_error)
 	return r;
 }
 
-int dd_commit(struct dedup_c *dc)
+/*
+ * The data flush that began at flush_seq is done: runs that waited for
+ * it may be mapped, failed or not (see dd_data_covered). Called with the
+ * transaction lock held exclusive; their work runs after it is let go.
+ */
+static void dd_data_flushed(struct dedup_c *dc, struct list_head *covered)
+{
+	lockdep_assert_held_write(&dc->lock);
+	dc->committed_seq = dc->flush_seq;
+	spin_lock_irq(&dc->commit_lock);
+	list_splice_init(&dc->flush_waiters, covered);
+	spin_unlock_irq(&dc->commit_lock);
+}
+
+static void dd_map_covered(struct dedup_c *dc, struct list_head *covered)
 {
 	struct dd_write_block *run, *tmp;
+
+	/* Their work is the run's data completion (dedup-io.c): it maps them. */
+	list_for_each_entry_safe(run, tmp, covered, wait_entry) {
+		list_del_init(&run->wait_entry);
+		queue_work(dc->wq, &run->work);
+	}
+}
+
+static int dd_commit_locked(struct dedup_c *dc)
+{
+	LIST_HEAD(covered);
+	bool dirty;
+	int r;
+
+	lockdep_assert_held(&dc->commit_mutex);
+	r = dd_commit_needed(dc, &dirty);
+	if (r || !dirty)
+		return r;
+	down_write(&dc->lock);
+	if (dd_md_journaled(dc->md) && !dd_md_journal_pending(dc->md)) {
+		/*
+		 * A checkpoint of appended changes only: each append flushed
+		 * the data it points at, so no flush is needed, and none may
+		 * fail the device for data it will not write.
+		 */
+		r = dd_commit_metadata(dc, 0);
+		up_write(&dc->lock);
+	} else {
+		up_write(&dc->lock);
+		r = dd_commit_flush_data(dc);
+		down_write(&dc->lock);
+		r = dd_commit_metadata(dc, r);
+		dd_data_flushed(dc, &covered);
+		up_write(&dc->lock);
+		dd_map_covered(dc, &covered);
+	}
+	if (dc->discard_passdown)
+		dd_md_release_held(dc->md, dd_blocks_reusable, dc);
+	if (!r && atomic_read(&dc->low_water_raised) &&
+	    dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
+		atomic_set(&dc->low_water_raised, 0);
+	return r;
+}
+
+int dd_commit(struct dedup_c *dc)
+{
+	int r;
+
+	mutex_lock(&dc->commit_mutex);
+	r = dd_commit_locked(dc);
+	mutex_unlock(&dc->commit_mutex);
+	return r;
+}
+
+/*
+ * What a flush or FUA write needs: the changes made so far durable. With
+ * a journal that is one append, written with no lock that writers need;
+ * without one, or when the journal cannot take it, a commit.
+ */
+static int dd_flush(struct dedup_c *dc)
+{
+	struct dd_journal_batch batch;
 	LIST_HEAD(covered);
 	bool dirty;
 	int r;
@@ -306,26 +389,42 @@ int dd_commit(struct dedup_c *dc)
 	r = dd_commit_needed(dc, &dirty);
 	if (r || !dirty)
 		goto out;
+	if (!dd_md_journaled(dc->md)) {
+		r = dd_commit_locked(dc);
+		goto out;
+	}
+	/*
+	 * Every change made so far was appended, with its data flushed
+	 * before: an idle flush sends nothing. A change made from here on
+	 * was not acknowledged before this flush arrived.
+	 */
+	if (!dd_md_journal_pending(dc->md))
+		goto out;
 	r = dd_commit_flush_data(dc);
 	down_write(&dc->lock);
-	r = dd_commit_metadata(dc, r);
-	/* Failed or not, the runs that waited may go on: see dd_data_covered. */
-	dc->committed_seq = dc->flush_seq;
+	if (r)
+		/* Records may point at data that is not stable. */
+		dd_metadata_error(dc, "flushing the data device", r);
+	else if (READ_ONCE(dc->mode) != DD_MODE_RW)
+		r = -EIO;
+	else
+		r = dd_md_journal_take(dc->md, &batch);
+	dd_data_flushed(dc, &covered);
 	up_write(&dc->lock);
+	dd_map_covered(dc, &covered);
 
-	spin_lock_irq(&dc->commit_lock);
-	list_splice_init(&dc->flush_waiters, &covered);
-	spin_unlock_irq(&dc->commit_lock);
-	/* Their work is the run's data completion (dedup-io.c): it maps them. */
-	list_for_each_entry_safe(run, tmp, &covered, wait_entry) {
-		list_del_init(&run->wait_entry);
-		queue_work(dc->wq, &run->work);
+	if (!r) {
+		r = dd_md_journal_write(dc->md, &batch);
+		if (r) {
+			down_write(&dc->lock);
+			dd_metadata_error(dc, "journal append", r);
+			up_write(&dc->lock);
+		}
+	} else if (r == -ENODATA) {
+		r = 0;
+	} else if (r == -ENOSPC) {
+		r = dd_commit_locked(dc);
 	}
-	if (dc->discard_passdown)
-		dd_md_release_held(dc->md, dd_blocks_reusable, dc);
-	if (!r && atomic_read(&dc->low_water_raised) &&
-	    dd_md_free_data_blocks(dc->md) > dc->low_water_mark)
-		atomic_set(&dc->low_water_raised, 0);
 out:
 	mutex_unlock(&dc->commit_mutex);
 	return r;
@@ -352,6 +451,7 @@ static void dd_commit_work(struct work_struct *w)
 	struct bio_list bios;
 	struct bio *bio;
 	LIST_HEAD(retry);
+	bool checkpoint;
 	int r;
 
 	spin_lock_irq(&dc->commit_lock);
@@ -360,10 +460,16 @@ static void dd_commit_work(struct work_struct *w)
 	list_splice_init(&dc->nospc_waiters, &retry);
 	spin_unlock_irq(&dc->commit_lock);
 
-	r = dd_commit(dc);
+	/* Freed blocks come back at commits only; so does a due interval. */
+	checkpoint = !list_empty(&retry) ||
+		     atomic_xchg(&dc->checkpoint_wanted, 0);
+	r = checkpoint ? dd_commit(dc) : dd_flush(dc);
 
 	while ((bio = bio_list_pop(&bios)))
 		dd_endio(bio, r ? BLK_STS_IOERR : BLK_STS_OK);
+	/* Half the journal is used: empty it while no flush waits for it. */
+	if (!r && !checkpoint && dc->md && dd_md_checkpoint_due(dc->md))
+		r = dd_commit(dc);
 	/* Their work is the block's own (dedup-io.c): it decides again. */
 	list_for_each_entry_safe(blk, tmp, &retry, wait_entry) {
 		list_del_init(&blk->wait_entry);
@@ -376,6 +482,7 @@ static void dd_periodic_commit(struct work_struct *w)
 	struct dedup_c *dc = container_of(to_delayed_work(w), struct dedup_c,
 					  periodic_commit);
 
+	atomic_set(&dc->checkpoint_wanted, 1);
 	queue_work(dc->commit_wq, &dc->commit_work);
 	queue_delayed_work(dc->commit_wq, &dc->periodic_commit,
 			   dc->commit_interval * HZ);
@@ -393,6 +500,7 @@ void dd_commit_init(struct dedup_c *dc)
 	INIT_LIST_HEAD(&dc->nospc_waiters);
 	atomic_set(&dc->reads_inflight, 0);
 	atomic_set(&dc->low_water_raised, 0);
+	atomic_set(&dc->checkpoint_wanted, 0);
 	init_waitqueue_head(&dc->reads_wait);
 	INIT_WORK(&dc->commit_work, dd_commit_work);
 	INIT_DELAYED_WORK(&dc->periodic_commit, dd_periodic_commit);

@@ -18,7 +18,8 @@
 #define DD_SECTORS_PER_BLOCK	(DD_BLOCK_SIZE >> SECTOR_SHIFT)
 
 #define DD_SB_MAGIC		0x3130505544454444ULL	/* "DDEDUP01" */
-#define DD_FORMAT_VERSION	1
+#define DD_FORMAT_VERSION	2	/* 1: the same without a journal */
+#define DD_FORMAT_VERSION_V1	1
 /*
  * The highest transaction id a superblock may carry: room for 2^32 more
  * commits, so that the id never wraps and an older slot never outranks
@@ -34,6 +35,7 @@
 #define DD_BT_SUPER		0x52505553	/* "SUPR" */
 #define DD_BT_INTERIOR		0x52544e49	/* "INTR" */
 #define DD_BT_LEAF		0x4641454c	/* "LEAF" */
+#define DD_BT_JOURNAL		0x4c4e524a	/* "JRNL" */
 
 /* The three persistent arrays; the id is stored in every tree block. */
 enum dd_array_id {
@@ -123,6 +125,52 @@ struct dd_superblock {
 	 */
 	__le64 saved_root;		/* DD_ARRAY_SAVED root, 0 = none */
 	__le64 saved_words;		/* its number of words */
+	/* Version 2: the journal; all 0 in version 1. */
+	__le64 journal_start;		/* first block of its run */
+	__le64 journal_blocks;		/* length of the run */
+	__le64 journal_seq;		/* the epoch that follows this state */
+	__le64 journal_id;		/* random, carried by its blocks */
 } __packed;
+
+/*
+ * The redo journal (format version 2): a ring of journal_blocks blocks
+ * at journal_start. A flush appends the changes made since the last
+ * append as records; a checkpoint (a commit of the trees) starts a new
+ * epoch. Documentation/dedup-format.rst, "Journal", has the rules.
+ */
+/*
+ * The kernel makes a journal of DD_JOURNAL_BLOCKS, or what the metadata
+ * device has room for, at least DD_JOURNAL_MAKE_MIN; it reads any of
+ * DD_JOURNAL_MIN_BLOCKS or more.
+ */
+#define DD_JOURNAL_BLOCKS	2048
+#define DD_JOURNAL_MAKE_MIN	64
+#define DD_JOURNAL_MIN_BLOCKS	16
+#define DD_JF_END		0x1U	/* the last block of an append */
+
+struct dd_journal_header {
+	struct dd_block_header hdr;	/* type JRNL, txn informational */
+	__le64 journal_id;
+	__le64 epoch;			/* the superblock's journal_seq */
+	__le64 seq;
+	__le32 used;			/* bytes of records after the header */
+	__le32 flags;
+} __packed;
+
+#define DD_JOURNAL_HEADER_SIZE	64
+#define DD_JOURNAL_PAYLOAD	(DD_BLOCK_SIZE - DD_JOURNAL_HEADER_SIZE)
+
+/* A record: a key (type << 56 | index), then the new value. */
+enum dd_journal_record {
+	DD_JR_MAP = DD_ARRAY_MAP,		/* __le64 PBA + 1 or 0 */
+	DD_JR_REFCOUNT = DD_ARRAY_REFCOUNT,	/* __le64, count in the low half */
+	DD_JR_FINGERPRINT = DD_ARRAY_FINGERPRINT, /* DD_FP_SIZE bytes */
+	DD_JR_COUNTERS = 4,			/* DD_JR_NR_COUNTERS __le64 */
+};
+
+#define DD_JR_TYPE_SHIFT	56
+#define DD_JR_INDEX_MASK	((1ULL << DD_JR_TYPE_SHIFT) - 1)
+/* mapped, used data, unique, duplicate and zero writes, discarded */
+#define DD_JR_NR_COUNTERS	6
 
 #endif

@@ -20,6 +20,8 @@
 #define DD_SB_OFF_FORMAT_TIME	184
 #define DD_SB_OFF_SAVED_ROOT	192
 #define DD_SB_OFF_SAVED_WORDS	200
+#define DD_SB_OFF_JOURNAL_START	208
+#define DD_SB_OFF_JOURNAL_SEQ	224
 
 /*
  * What the metadata reported: the blocks its verbs freed, the runs its
@@ -342,7 +344,9 @@ static void dd_md_test_format(struct kunit *test)
 	KUNIT_ASSERT_NOT_NULL(test, raw);
 	KUNIT_EXPECT_EQ(test, st.transaction_id, 1);
 	KUNIT_EXPECT_EQ(test, st.metadata_total, DD_TEST_DEV_BLOCKS);
-	KUNIT_EXPECT_EQ(test, st.metadata_used, DD_FIRST_TREE_BLOCK);
+	/* a quarter of what the trees need: (2 + 2 * (131 + 18 + 131)) / 4 */
+	KUNIT_EXPECT_EQ(test, st.journal_total, 140);
+	KUNIT_EXPECT_EQ(test, st.metadata_used, DD_FIRST_TREE_BLOCK + 140);
 	KUNIT_EXPECT_EQ(test, st.data_total, 16384);
 	KUNIT_EXPECT_EQ(test, st.data_used, 0);
 	KUNIT_EXPECT_EQ(test, st.mapped, 0);
@@ -353,6 +357,14 @@ static void dd_md_test_format(struct kunit *test)
 	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
 	dd_test_read_block(test, bdev, 1, raw);
 	KUNIT_EXPECT_TRUE(test, dd_block_csum_ok(raw));
+	/* Version 2 is the example (version 1) with a journal after the trees' slots. */
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_VERSION), 2);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + DD_SB_OFF_JOURNAL_START),
+			DD_FIRST_TREE_BLOCK);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + 216), 140);
+	KUNIT_EXPECT_NE(test, get_unaligned_le64(raw + 232), 0);
+	put_unaligned_le32(1, raw + DD_SB_OFF_VERSION);
+	memset(raw + DD_SB_OFF_JOURNAL_START, 0, 32);
 	KUNIT_EXPECT_GT(test, get_unaligned_le64(raw + DD_SB_OFF_FORMAT_TIME),
 			1700000000);
 	put_unaligned_le64(1795316469, raw + DD_SB_OFF_FORMAT_TIME);
@@ -452,7 +464,7 @@ static void dd_md_test_identity(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->visited, 1);
 	dd_test_md_close(test, md);
 
-	dd_test_patch_sb(test, bdev, DD_SB_OFF_VERSION, 2, 4);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_VERSION, 3, 4);
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
 	KUNIT_EXPECT_STREQ(test, error,
 			   "metadata format version not supported");
@@ -523,6 +535,7 @@ static void dd_md_test_map_reopen(struct kunit *test)
 	st2 = dd_test_stats(md);
 	/* the load writes the state it loaded once more, as the next id */
 	st.transaction_id++;
+	st.checkpoints = st2.checkpoints;
 	KUNIT_EXPECT_MEMEQ(test, &st2, &st, sizeof(st));
 	dd_test_expect_map(test, md, 0, 0);
 	dd_test_expect_map(test, md, 500, 0);
@@ -678,7 +691,8 @@ static void dd_md_test_metadata_blocks(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	used = dd_test_stats(md).metadata_used;
 	/* three arrays of height 1: map root and leaves 0 and 3, two more */
-	KUNIT_EXPECT_EQ(test, used, DD_FIRST_TREE_BLOCK + 3 + 2 + 2);
+	KUNIT_EXPECT_EQ(test, used, DD_FIRST_TREE_BLOCK + 3 + 2 + 2 +
+			dd_test_stats(md).journal_total);
 
 	/* refcount root and leaf, map root and leaf */
 	dd_test_share(test, md, 1, pba);
@@ -1812,6 +1826,242 @@ static void dd_md_test_saved_refused(struct kunit *test)
 	dd_test_md_close(test, md);
 }
 
+/* ------------------------------------------------------------------ */
+/* the journal */
+
+/* What a flush does with the journal: one append of the changes. */
+static void dd_test_append(struct kunit *test, struct dd_metadata *md)
+{
+	struct dd_journal_batch b;
+
+	KUNIT_ASSERT_EQ(test, dd_md_journal_take(md, &b), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_journal_write(md, &b), 0);
+}
+
+/* The block that holds sequence number epoch + @k, from the superblock. */
+static u64 dd_test_journal_block(struct kunit *test, struct block_device *bdev,
+				 u64 k)
+{
+	u8 *sb = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 start, n, seq;
+
+	KUNIT_ASSERT_NOT_NULL(test, sb);
+	dd_test_sb_slot(test, bdev, sb);
+	start = get_unaligned_le64(sb + DD_SB_OFF_JOURNAL_START);
+	n = get_unaligned_le64(sb + DD_SB_OFF_JOURNAL_START + 8);
+	seq = get_unaligned_le64(sb + DD_SB_OFF_JOURNAL_SEQ) + k;
+	kunit_kfree(test, sb);
+	return start + do_div(seq, n);
+}
+
+/*
+ * A crash after two appends and a change never appended: the next open
+ * replays the appends onto the last commit and checkpoints the result;
+ * the change that no flush covered is gone. A read-only open first sees
+ * the same, from memory, and writes nothing.
+ */
+static void dd_md_test_journal_replay(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u32 (*crcs)[DD_TEST_DEV_BLOCKS];
+	struct dd_md_stats st;
+	u64 pba0, pba1, pba2, txn, got;
+
+	crcs = kunit_kmalloc(test, 2 * sizeof(*crcs), GFP_KERNEL);
+	KUNIT_ASSERT_NOT_NULL(test, crcs);
+	pba0 = dd_test_write(test, md, 0, 10);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	txn = dd_test_stats(md).transaction_id;
+	pba1 = dd_test_write(test, md, 1, 11);
+	dd_test_append(test, md);
+	dd_test_share(test, md, 2, pba0);
+	pba2 = dd_test_write(test, md, 0, 12);	/* drops a reference of pba0 */
+	dd_test_append(test, md);
+	dd_test_write(test, md, 3, 13);		/* never appended */
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.transaction_id, txn);
+	KUNIT_EXPECT_EQ(test, st.journal_used, 2);
+	KUNIT_EXPECT_EQ(test, st.journal_appends, 2);
+	dd_test_md_close(test, md);		/* a crash: nothing committed */
+
+	cfg->read_only = true;
+	dd_test_device_crcs(test, bdev, crcs[0]);
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 0, pba2);
+	dd_test_expect_map(test, md, 1, pba1);
+	dd_test_expect_map(test, md, 2, pba0);
+	dd_test_expect_unmapped(test, md, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 2);
+	dd_test_md_close(test, md);
+	dd_test_device_crcs(test, bdev, crcs[1]);
+	KUNIT_EXPECT_MEMEQ(test, crcs[0], crcs[1], sizeof(crcs[0]));
+
+	cfg->read_only = false;
+	md = dd_test_md_open(test, bdev, cfg);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.journal_replayed, 2);
+	KUNIT_EXPECT_EQ(test, st.journal_used, 0);
+	KUNIT_EXPECT_EQ(test, st.transaction_id, txn + 2);
+	KUNIT_EXPECT_EQ(test, st.mapped, 3);
+	KUNIT_EXPECT_EQ(test, st.data_live, 3);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 0, &got, false), 0);
+	KUNIT_EXPECT_EQ(test, got, pba2);
+	dd_test_expect_map(test, md, 1, pba1);
+	dd_test_expect_map(test, md, 2, pba0);
+	dd_test_expect_unmapped(test, md, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba0), 1);
+	dd_test_expect_fp(test, md, pba1, 11);
+	dd_test_expect_fp(test, md, pba2, 12);
+	dd_test_md_close(test, md);
+
+	/* replayed once: the next open finds an empty journal */
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 0);
+	dd_test_expect_map(test, md, 2, pba0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 3);
+}
+
+/*
+ * An append torn by the crash (its block damaged) is not replayed, nor
+ * anything after it; a block whose records are malformed under a valid
+ * checksum is damage, and the open is refused.
+ */
+static void dd_md_test_journal_torn(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const char *error;
+	u64 pba0, b;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	pba0 = dd_test_write(test, md, 0, 10);
+	dd_test_append(test, md);
+	dd_test_write(test, md, 1, 11);
+	dd_test_append(test, md);
+	dd_test_write(test, md, 2, 12);
+	dd_test_append(test, md);
+	dd_test_md_close(test, md);
+
+	dd_test_flip_bit(test, bdev, dd_test_journal_block(test, bdev, 1),
+			 100, 3);
+	cfg->read_only = true;
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_expect_unmapped(test, md, 1);
+	dd_test_expect_unmapped(test, md, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 1);
+	dd_test_md_close(test, md);
+
+	/* an unknown record type, checksum fixed */
+	b = dd_test_journal_block(test, bdev, 0);
+	dd_test_read_block(test, bdev, b, raw);
+	raw[DD_JOURNAL_HEADER_SIZE + 7] = 0x7f;
+	put_unaligned_le32(dd_block_csum(raw), raw);
+	dd_test_write_block(test, bdev, b, raw);
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EILSEQ);
+	cfg->read_only = false;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EILSEQ);
+	KUNIT_EXPECT_STREQ(test, error,
+			   "cannot replay the journal (see the lines above); run dedup check");
+}
+
+/*
+ * Many appends with a commit whenever half the journal is used, as the
+ * target does: the ring wraps past its end several times, an append
+ * that does not fit the epoch is refused (the target then commits),
+ * and a crash after the wraps replays what the last epoch appended.
+ */
+static void dd_md_test_journal_wrap(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 3000);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 total = dd_test_stats(md).journal_total, n = 5 * total + 7, i;
+	u64 *pba = kunit_kcalloc(test, n, sizeof(u64), GFP_KERNEL);
+	struct dd_journal_batch b;
+
+	KUNIT_ASSERT_NOT_NULL(test, pba);
+	KUNIT_ASSERT_EQ(test, total, DD_JOURNAL_MAKE_MIN);
+	for (i = 0; i < n; i++) {
+		pba[i] = dd_test_write(test, md, i, i);
+		dd_test_append(test, md);
+		if (dd_md_checkpoint_due(md))
+			KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	}
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_blocks_written, n);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_used, n % (total / 2));
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed,
+			n % (total / 2));
+	for (i = 0; i < n; i++)
+		dd_test_expect_map(test, md, i, pba[i]);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, n);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, n);
+
+	/* an epoch holds the ring at most: the append past it is refused */
+	for (i = 0; i < total; i++) {
+		dd_test_write(test, md, i, 7 * n + i);
+		dd_test_append(test, md);
+	}
+	dd_test_write(test, md, 0, 9 * n);
+	KUNIT_EXPECT_EQ(test, dd_md_journal_take(md, &b), -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_used, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_journal_take(md, &b), -ENODATA);
+}
+
+/*
+ * Format version 1 (no journal) opens read-only as it is, and a
+ * read-write open upgrades it: the commit after the load writes version 2.
+ */
+static void dd_md_test_journal_upgrade(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 pba0;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	pba0 = dd_test_write(test, md, 0, 10);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_md_close(test, md);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_VERSION, 1, 4);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_JOURNAL_START, 0, 8);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_JOURNAL_START + 8, 0, 8);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_JOURNAL_SEQ, 0, 8);
+	dd_test_patch_sb(test, bdev, DD_SB_OFF_JOURNAL_SEQ + 8, 0, 8);
+
+	cfg->read_only = true;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_total, 0);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_md_close(test, md);
+	dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_VERSION), 1);
+
+	cfg->read_only = false;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_GE(test, dd_test_stats(md).journal_total,
+			DD_JOURNAL_MAKE_MIN);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_write(test, md, 1, 11);
+	dd_test_append(test, md);
+	dd_test_md_close(test, md);
+	dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_VERSION), 2);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 2);
+}
+
 static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_format),
 	KUNIT_CASE(dd_md_test_open_refused),
@@ -1840,6 +2090,10 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_map_beyond_data),
 	KUNIT_CASE(dd_md_test_saved),
 	KUNIT_CASE(dd_md_test_saved_refused),
+	KUNIT_CASE(dd_md_test_journal_replay),
+	KUNIT_CASE(dd_md_test_journal_torn),
+	KUNIT_CASE(dd_md_test_journal_upgrade),
+	KUNIT_CASE_SLOW(dd_md_test_journal_wrap),
 	KUNIT_CASE_SLOW(dd_md_test_commit_churn),
 	{}
 };

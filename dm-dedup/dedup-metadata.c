@@ -8,11 +8,14 @@
 #include <linux/device-mapper.h>
 #include <linux/lockdep.h>
 #include <linux/mutex.h>
+#include <linux/random.h>
 #include <linux/rwsem.h>
 #include <linux/slab.h>
 #include <linux/timekeeping.h>
+#include <linux/xarray.h>
 
 #include "dedup-array.h"
+#include "dedup-journal.h"
 #include "dedup-metadata.h"
 #include "dedup-saved.h"
 
@@ -21,7 +24,8 @@
  * it shared, changes, commits and aborts exclusive. It nests inside the
  * target's transaction lock (dedup-target.h) and outside dm-bufio's.
  * md->data_lock guards md->data alone, so that handing out a block for new
- * data needs no trip through md->lock; it nests inside md->lock. The only
+ * data needs no trip through md->lock; it nests inside md->lock, and so
+ * does the journal's lock (dedup-journal.h). The only
  * call out under these locks is a commit's dd_reusable_fn, which must not
  * call back into this unit; dd_md_release_held calls it under neither.
  * bm stays first: tools/kernel-compat's crash reaches the dm-bufio client
@@ -51,9 +55,27 @@ struct dd_metadata {
 	bool aborted;	/* rolled back to the last commit; stays so */
 	bool needs_check;	/* DD_SB_NEEDS_CHECK is on disk */
 	void *leaf_buf;	/* one leaf's entries, for range operations */
+
+	/*
+	 * The journal, when the format has one and this instance writes:
+	 * every change is noted in it, a flush appends, a commit is its
+	 * checkpoint.
+	 */
+	bool journaled;
+	struct dd_journal jnl;
+	u64 checkpoints;
+	/*
+	 * Read-only views of a journal that cannot be applied to the trees
+	 * (a read-only open, or after an abort): the map entries it sets,
+	 * looked up before the trees.
+	 */
+	struct xarray overlay;
+	bool overlaid;
+	struct dd_journal_replayed replayed;
 };
 
-u64 dd_md_required_blocks(u64 logical_blocks, u64 data_blocks)
+/* What format version 1 needs: the superblocks and the trees. */
+static u64 dd_trees_required(u64 logical_blocks, u64 data_blocks)
 {
 	u64 trees = dd_array_max_blocks(sizeof(__le64), logical_blocks) +
 		    dd_array_max_blocks(sizeof(__le32), data_blocks) +
@@ -64,6 +86,23 @@ u64 dd_md_required_blocks(u64 logical_blocks, u64 data_blocks)
 	 * commit references: twice the full trees is the worst case.
 	 */
 	return DD_SB_SLOTS + 2 * trees;
+}
+
+/*
+ * The journal a device of these sizes gets: a quarter of the above,
+ * within bounds. It follows from the sizes alone, so that room left on
+ * the metadata device for growing them stays free for the trees.
+ */
+static u64 dd_journal_size(u64 logical_blocks, u64 data_blocks)
+{
+	return clamp_t(u64, dd_trees_required(logical_blocks, data_blocks) / 4,
+		       DD_JOURNAL_MAKE_MIN, DD_JOURNAL_BLOCKS);
+}
+
+u64 dd_md_required_blocks(u64 logical_blocks, u64 data_blocks)
+{
+	return dd_trees_required(logical_blocks, data_blocks) +
+	       dd_journal_size(logical_blocks, data_blocks);
 }
 
 /* ------------------------------------------------------------------ */
@@ -116,6 +155,110 @@ static void dd_fill_sb(struct dd_metadata *md, struct dd_superblock *sb)
 	/* A save describes one superblock's state only: dd_md_save's. */
 	sb->saved_root = 0;
 	sb->saved_words = 0;
+	if (md->journaled)
+		sb->journal_seq = cpu_to_le64(dd_journal_next_epoch(&md->jnl));
+}
+
+static void dd_journal_geometry(const struct dd_metadata *md,
+				struct dd_journal_geometry *geo)
+{
+	const struct dd_superblock *sb = &md->sb;
+
+	geo->start = le64_to_cpu(sb->journal_start);
+	geo->nr_blocks = le64_to_cpu(sb->journal_blocks);
+	geo->id = le64_to_cpu(sb->journal_id);
+	geo->epoch = le64_to_cpu(sb->journal_seq);
+	geo->logical_blocks = le64_to_cpu(sb->logical_blocks);
+	geo->data_blocks = le64_to_cpu(sb->data_blocks);
+}
+
+/* From now on this instance appends, from sequence number @next_seq. */
+static int dd_journal_start(struct dd_metadata *md, u64 next_seq)
+{
+	struct dd_journal_geometry geo;
+	int r;
+
+	dd_journal_geometry(md, &geo);
+	r = dd_journal_init(&md->jnl, md->bm, &geo, next_seq);
+	md->journaled = !r;
+	return r;
+}
+
+/*
+ * A new journal run, on a new device or one of format version 1: the
+ * size the table's sizes ask for, or on a version 1 device short of
+ * room, what the trees leave; halved while no free run is that long.
+ */
+static int dd_journal_make(struct dd_metadata *md)
+{
+	struct dd_superblock *sb = &md->sb;
+	u64 trees = dd_trees_required(md->cfg.logical_blocks,
+				      md->cfg.data_blocks);
+	u64 len, start;
+	int r = -ENOSPC;
+
+	if (trees >= md->bm->nr_blocks)
+		return -ENOSPC;
+	len = dd_journal_size(md->cfg.logical_blocks, md->cfg.data_blocks);
+	len = min(len, md->bm->nr_blocks - trees);
+	for (; len >= DD_JOURNAL_MAKE_MIN; len /= 2) {
+		r = dd_space_alloc_exact(&md->bm->space, len, &start);
+		if (!r)
+			break;
+	}
+	if (r)
+		return r;
+	sb->version = cpu_to_le32(DD_FORMAT_VERSION);
+	sb->journal_start = cpu_to_le64(start);
+	sb->journal_blocks = cpu_to_le64(len);
+	sb->journal_id = cpu_to_le64(get_random_u64() | 1);
+	sb->journal_seq = cpu_to_le64(1);
+	/* A new id: no block of the run can continue its journal. */
+	return dd_journal_start(md, 1);
+}
+
+/* The journal's run is used space; a tree block there is damage. */
+static int dd_journal_claim(struct dd_metadata *md)
+{
+	u64 b = le64_to_cpu(md->sb.journal_start);
+	u64 end = b + le64_to_cpu(md->sb.journal_blocks);
+
+	for (; b < end; b++) {
+		if (dd_space_is_used(&md->bm->space, b) ||
+		    dd_space_mark_used(&md->bm->space, b)) {
+			DMERR("metadata block %llu: in the journal and used otherwise",
+			      b);
+			return -EILSEQ;
+		}
+	}
+	return 0;
+}
+
+/* A save covers the run; one of format version 1 was upgraded since. */
+static void dd_journal_claim_saved(struct dd_metadata *md)
+{
+	u64 b = le64_to_cpu(md->sb.journal_start);
+	u64 end = b + le64_to_cpu(md->sb.journal_blocks);
+
+	for (; b < end; b++)
+		if (!dd_space_is_used(&md->bm->space, b))
+			dd_space_mark_used(&md->bm->space, b);
+}
+
+static void dd_note(struct dd_metadata *md, u8 type, u64 index,
+		    const void *value, size_t len)
+{
+	lockdep_assert_held_write(&md->lock);
+	if (md->journaled)
+		dd_journal_note(&md->jnl, type, index, value, len);
+}
+
+/* A map or refcount change: the journal keeps both as 8 bytes. */
+static void dd_note_word(struct dd_metadata *md, u8 type, u64 index, u64 v)
+{
+	__le64 w = cpu_to_le64(v);
+
+	dd_note(md, type, index, &w, sizeof(w));
 }
 
 /* The accounting of the last commit, as the running transaction's start. */
@@ -135,6 +278,7 @@ static int dd_format(struct dd_metadata *md)
 {
 	struct dd_superblock *sb = &md->sb;
 	const struct dd_md_config *cfg = &md->cfg;
+	int r;
 
 	memset(sb, 0, sizeof(*sb));
 	sb->magic = cpu_to_le64(DD_SB_MAGIC);
@@ -147,7 +291,10 @@ static int dd_format(struct dd_metadata *md)
 	sb->format_time = cpu_to_le64(ktime_get_real_seconds());
 	md->bm->txn = 1;
 	md->dirty = true;
-	return dd_md_commit(md, NULL, NULL);
+	r = dd_journal_make(md);
+	if (!r)
+		r = dd_md_commit(md, NULL, NULL);
+	return r;
 }
 
 static bool dd_grows(u64 table, __le64 recorded)
@@ -168,8 +315,20 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 	const struct dd_superblock *sb = &md->sb;
 	const struct dd_md_config *cfg = &md->cfg;
 
-	if (le32_to_cpu(sb->version) != DD_FORMAT_VERSION) {
+	u64 jstart = le64_to_cpu(sb->journal_start);
+	u64 jblocks = le64_to_cpu(sb->journal_blocks);
+
+	if (le32_to_cpu(sb->version) != DD_FORMAT_VERSION &&
+	    le32_to_cpu(sb->version) != DD_FORMAT_VERSION_V1) {
 		*error = "metadata format version not supported";
+		return -EINVAL;
+	}
+	if (le32_to_cpu(sb->version) == DD_FORMAT_VERSION_V1 ?
+	    jstart || jblocks || sb->journal_seq || sb->journal_id :
+	    jblocks < DD_JOURNAL_MIN_BLOCKS || jstart < DD_FIRST_TREE_BLOCK ||
+	    jstart + jblocks > le64_to_cpu(sb->metadata_blocks) ||
+	    jstart + jblocks < jstart || !sb->journal_id) {
+		*error = "metadata superblock is damaged (journal fields)";
 		return -EINVAL;
 	}
 	if (le32_to_cpu(sb->block_size) != DD_BLOCK_SIZE ||
@@ -324,6 +483,169 @@ static bool dd_activate_saved(struct dd_metadata *md)
 	return false;
 }
 
+/* ------------------------------------------------------------------ */
+/* journal replay */
+
+static int dd_write_state(struct dd_metadata *md, u64 saved_root,
+			  u64 saved_words);
+
+static void dd_replayed_counters(struct dd_metadata *md, const void *value)
+{
+	const __le64 *v = value;
+
+	md->mapped = le64_to_cpu(v[0]);
+	md->live = le64_to_cpu(v[1]);
+	md->unique_writes = le64_to_cpu(v[2]);
+	md->duplicate_writes = le64_to_cpu(v[3]);
+	md->zero_writes = le64_to_cpu(v[4]);
+	md->discarded = le64_to_cpu(v[5]);
+}
+
+/* A record applied to the trees, as the change that made it did. */
+static int dd_apply(void *ctx, u8 type, u64 index, const void *value)
+{
+	struct dd_metadata *md = ctx;
+	struct dd_array *a;
+	struct dd_block leaf;
+	void *e;
+	int r;
+
+	switch (type) {
+	case DD_JR_MAP:
+		a = &md->map;
+		break;
+	case DD_JR_REFCOUNT:
+		a = &md->refcount;
+		break;
+	case DD_JR_FINGERPRINT:
+		a = &md->fingerprint;
+		break;
+	default:
+		dd_replayed_counters(md, value);
+		return 0;
+	}
+	r = dd_array_update(a, index, &leaf, &e);
+	if (r)
+		return r;
+	if (type == DD_JR_REFCOUNT)
+		*(__le32 *)e = cpu_to_le32(le64_to_cpu(*(const __le64 *)value));
+	else
+		memcpy(e, value, a->entry_size);
+	dd_bm_release_dirty(&leaf);
+	return 0;
+}
+
+/* A record kept in memory: only the map matters to reads. */
+static int dd_apply_overlay(void *ctx, u8 type, u64 index, const void *value)
+{
+	struct dd_metadata *md = ctx;
+	u64 v;
+
+	if (type == DD_JR_COUNTERS) {
+		dd_replayed_counters(md, value);
+		return 0;
+	}
+	if (type != DD_JR_MAP)
+		return 0;
+	v = le64_to_cpu(*(const __le64 *)value);
+	return xa_err(xa_store(&md->overlay, index, xa_mk_value(v),
+			       GFP_NOIO));
+}
+
+/*
+ * The journal of the state read, in memory: read-only opens, and an
+ * instance that aborted after appending.
+ */
+static int dd_replay_overlay(struct dd_metadata *md)
+{
+	struct dd_journal_geometry geo;
+	int r;
+
+	dd_journal_geometry(md, &geo);
+	xa_destroy(&md->overlay);
+	md->overlaid = false;
+	r = dd_journal_replay(md->bm, &geo, dd_apply_overlay, md,
+			      &md->replayed);
+	if (r) {
+		xa_destroy(&md->overlay);
+		return r;
+	}
+	md->overlaid = md->replayed.blocks > 0;
+	return 0;
+}
+
+/*
+ * Apply the journal to the trees and checkpoint the result, before
+ * anything else looks at them: the trees' blocks are marked used (no
+ * leaf is read) so that the changes shadow onto free blocks, and the
+ * allocation state is rebuilt from scratch afterwards.
+ */
+static int dd_replay_trees(struct dd_metadata *md, char **error)
+{
+	struct dd_journal_geometry geo;
+	u64 t0 = ktime_get_ns();
+	int r;
+
+	dd_journal_geometry(md, &geo);
+	r = dd_journal_has_records(md->bm, &geo);
+	if (r <= 0) {
+		if (r)
+			*error = "cannot read the journal";
+		return r;
+	}
+	r = dd_journal_claim(md);
+	if (!r)
+		r = dd_array_walk(&md->map, NULL, NULL);
+	if (!r)
+		r = dd_array_walk(&md->refcount, NULL, NULL);
+	if (!r)
+		r = dd_array_walk(&md->fingerprint, NULL, NULL);
+	if (!r)
+		r = dd_journal_replay(md->bm, &geo, dd_apply, md, &md->replayed);
+	if (!r && md->replayed.blocks) {
+		down_write(&md->lock);
+		md->dirty = true;
+		r = dd_write_state(md, 0, 0);
+		md->dirty = false;
+		up_write(&md->lock);
+	}
+	if (r) {
+		*error = r == -ENOMEM ? "out of memory while replaying the journal" :
+			 "cannot replay the journal (see the lines above); run dedup check";
+		return r;
+	}
+	if (md->replayed.blocks)
+		DMINFO("journal replayed: %llu blocks, %llu records in %llu ms",
+		       md->replayed.blocks, md->replayed.records,
+		       div_u64(ktime_get_ns() - t0, NSEC_PER_MSEC));
+	if (md->replayed.torn)
+		DMINFO("journal: %llu blocks of an append torn by a crash ignored",
+		       md->replayed.torn);
+	dd_space_reset(&md->bm->space);
+	return 0;
+}
+
+/*
+ * A read-only open cannot write the replayed state: it keeps the map in
+ * memory, after the trees were checked as they are on disk.
+ */
+static int dd_replay_read_only(struct dd_metadata *md, char **error)
+{
+	int r;
+
+	if (md->journaled || !md->sb.journal_blocks)
+		return 0;
+	r = dd_replay_overlay(md);
+	if (r) {
+		*error = "cannot replay the journal (see the lines above); run dedup check";
+		return r;
+	}
+	if (md->overlaid)
+		DMINFO("journal of %llu blocks applied in memory only (read-only)",
+		       md->replayed.blocks);
+	return 0;
+}
+
 static int dd_activate(struct dd_metadata *md, char **error)
 {
 	const struct dd_superblock *sb = &md->sb;
@@ -343,9 +665,18 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		      le64_to_cpu(sb->fingerprint_root));
 
 	dd_load_committed_counters(md);
-	if (dd_activate_saved(md))
-		return 0;
-	r = dd_array_walk(&md->map, NULL, NULL);
+	if (md->journaled) {
+		r = dd_replay_trees(md, error);
+		if (r)
+			return r;
+	}
+	if (dd_activate_saved(md)) {
+		dd_journal_claim_saved(md);
+		return dd_replay_read_only(md, error);
+	}
+	r = le64_to_cpu(sb->journal_blocks) ? dd_journal_claim(md) : 0;
+	if (!r)
+		r = dd_array_walk(&md->map, NULL, NULL);
 	if (!r)
 		r = dd_array_walk(&md->refcount, dd_scan_refcounts, &scan);
 	if (!r)
@@ -367,7 +698,7 @@ static int dd_activate(struct dd_metadata *md, char **error)
 		*error = "metadata is inconsistent; run dedup check";
 		return -EILSEQ;
 	}
-	return 0;
+	return dd_replay_read_only(md, error);
 }
 
 /*
@@ -409,6 +740,28 @@ static int dd_grow(struct dd_metadata *md, char **error)
 }
 
 /*
+ * Format version 1 has no journal: give it one if a run is free, so
+ * that the commit after the load writes version 2.
+ */
+static void dd_upgrade(struct dd_metadata *md)
+{
+	int r = dd_journal_make(md);
+
+	if (!r) {
+		DMINFO("metadata format 2: journal of %llu blocks at block %llu",
+		       le64_to_cpu(md->sb.journal_blocks),
+		       le64_to_cpu(md->sb.journal_start));
+		return;
+	}
+	md->sb.version = cpu_to_le32(DD_FORMAT_VERSION_V1);
+	md->sb.journal_start = 0;
+	md->sb.journal_blocks = 0;
+	md->sb.journal_id = 0;
+	md->sb.journal_seq = 0;
+	DMWARN("metadata format 1 kept: no room for a journal; flushes commit");
+}
+
+/*
  * Write the loaded state again, as the next generation, so that both
  * slots name it. The other slot may hold the state before it, which can
  * reference data blocks that the loaded one freed; those are free from
@@ -428,6 +781,14 @@ static int dd_commit_loaded(struct dd_metadata *md, char **error)
 	return r;
 }
 
+static int dd_too_small(u64 nr_blocks, u64 need, char **error)
+{
+	DMERR("metadata device too small: %llu MiB, needs %llu MiB (%llu blocks)",
+	      nr_blocks >> 8, (need + 255) >> 8, need);
+	*error = "metadata device too small";
+	return -EINVAL;
+}
+
 int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	       struct dd_metadata **mdp, char **error)
 {
@@ -438,17 +799,16 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	struct dd_metadata *md;
 	int r, best = -1, i;
 
-	if (nr_blocks < need) {
-		DMERR("metadata device too small: %llu MiB, needs %llu MiB (%llu blocks)",
-		      nr_blocks >> 8, (need + 255) >> 8, need);
-		*error = "metadata device too small";
-		return -EINVAL;
-	}
+	/* Format version 1 needs no journal: room for the trees will do. */
+	if (nr_blocks < dd_trees_required(cfg->logical_blocks,
+					  cfg->data_blocks))
+		return dd_too_small(nr_blocks, need, error);
 	md = kzalloc(sizeof(*md), GFP_KERNEL);
 	if (!md)
 		return -ENOMEM;
 	init_rwsem(&md->lock);
 	mutex_init(&md->data_lock);
+	xa_init(&md->overlay);
 	md->cfg = *cfg;
 	md->read_only = cfg->read_only;
 	md->leaf_buf = kmalloc(DD_PAYLOAD_SIZE, GFP_KERNEL);
@@ -484,6 +844,10 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			r = -EINVAL;
 			goto bad;
 		}
+		if (nr_blocks < need) {
+			r = dd_too_small(nr_blocks, need, error);
+			goto bad;
+		}
 		dd_array_init(&md->map, md->bm, DD_ARRAY_MAP, sizeof(__le64),
 			      cfg->logical_blocks, 0);
 		dd_array_init(&md->refcount, md->bm, DD_ARRAY_REFCOUNT,
@@ -512,8 +876,29 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			md->read_only = true;
 		}
 		r = dd_check_sb(md, error);
+		/* The trees at the table's sizes, beside the journal there is. */
+		need = dd_trees_required(cfg->logical_blocks, cfg->data_blocks) +
+		       le64_to_cpu(md->sb.journal_blocks);
+		if (!r && nr_blocks < need)
+			r = dd_too_small(nr_blocks, need, error);
+		/*
+		 * The next epoch starts two rings past the one read, beyond
+		 * every block an earlier instance may have written
+		 * (Documentation/dedup-format.rst, "Epochs and stale blocks").
+		 */
+		if (!r && !cfg->identity_only && !md->read_only &&
+		    md->sb.journal_blocks) {
+			r = dd_journal_start(md,
+					     le64_to_cpu(md->sb.journal_seq) +
+					     2 * le64_to_cpu(md->sb.journal_blocks));
+			if (r)
+				*error = "cannot allocate the journal";
+		}
 		if (!r && !cfg->identity_only)
 			r = dd_activate(md, error);
+		if (!r && !cfg->identity_only && !md->read_only &&
+		    !md->sb.journal_blocks)
+			dd_upgrade(md);
 		/* dd_check_sb refused growth at DD_MAX_TXN */
 		if (!r && !cfg->identity_only && !md->read_only) {
 			r = dd_grow(md, error);
@@ -535,6 +920,9 @@ bad:
 
 void dd_md_close(struct dd_metadata *md)
 {
+	if (md->journaled)
+		dd_journal_exit(&md->jnl);
+	xa_destroy(&md->overlay);
 	if (md->bm)
 		dd_bm_destroy(md->bm);
 	dd_space_exit(&md->data);
@@ -548,15 +936,21 @@ void dd_md_close(struct dd_metadata *md)
 /* A map entry: 0 for a mapped block, -ENODATA for an unmapped one. */
 static int dd_map_entry(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 {
+	void *e;
 	__le64 v;
 	u64 x;
 	int r;
 
 	lockdep_assert_held(&md->lock);
-	r = dd_array_lookup(&md->map, lba, &v, nowait);
-	if (r)
-		return r;
-	x = le64_to_cpu(v);
+	e = md->overlaid ? xa_load(&md->overlay, lba) : NULL;
+	if (e) {
+		x = xa_to_value(e);
+	} else {
+		r = dd_array_lookup(&md->map, lba, &v, nowait);
+		if (r)
+			return r;
+		x = le64_to_cpu(v);
+	}
 	if (!x)
 		return -ENODATA;
 	if (x > md->cfg.data_blocks) {
@@ -740,6 +1134,7 @@ static int dd_put_ref(struct dd_metadata *md, u64 pba,
 		DMERR_LIMIT("physical block %llu: refcount underflow", pba);
 		return -EILSEQ;
 	}
+	dd_note_word(md, DD_JR_REFCOUNT, pba, rc - 1);
 	if (rc > 1)
 		return 0;
 
@@ -773,6 +1168,7 @@ static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value,
 	old = le64_to_cpu(*e);
 	*e = cpu_to_le64(value);
 	dd_bm_release_dirty(&leaf);
+	dd_note_word(md, DD_JR_MAP, lba, value);
 	if (!old)
 		md->mapped += !!value;
 	else if (!value)
@@ -804,12 +1200,14 @@ static int dd_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 		return -EILSEQ;
 	}
 	md->live++;
+	dd_note_word(md, DD_JR_REFCOUNT, pba, 1);
 
 	r = dd_array_update(&md->fingerprint, pba, &leaf, &e);
 	if (r)
 		return r;
 	memset(e, 0, DD_FP_SIZE);
 	memcpy(e, fp, md->cfg.fp_size);
+	dd_note(md, DD_JR_FINGERPRINT, pba, e, DD_FP_SIZE);
 	dd_bm_release_dirty(&leaf);
 
 	md->unique_writes++;
@@ -846,6 +1244,7 @@ static int dd_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 	/* Changes are exclusive: the count is the one just read. */
 	*e = cpu_to_le32(rc + 1);
 	dd_bm_release_dirty(&leaf);
+	dd_note_word(md, DD_JR_REFCOUNT, pba, rc + 1);
 
 	md->duplicate_writes++;
 	/*
@@ -1069,6 +1468,9 @@ static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 		return r;
 	}
 	md->sb = sb;
+	if (md->journaled)
+		dd_journal_checkpointed(&md->jnl, le64_to_cpu(sb.journal_seq));
+	md->checkpoints++;
 	dd_bm_next_txn(md->bm);
 	return 0;
 }
@@ -1096,6 +1498,51 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 out:
 	up_write(&md->lock);
 	return r;
+}
+
+bool dd_md_journaled(struct dd_metadata *md)
+{
+	return md->journaled;
+}
+
+int dd_md_journal_take(struct dd_metadata *md, struct dd_journal_batch *b)
+{
+	u64 counters[DD_JR_NR_COUNTERS];
+	int r;
+
+	down_write(&md->lock);
+	r = -EROFS;
+	if (md->read_only)
+		goto out;
+	r = -ENOSPC;
+	if (!md->journaled)
+		goto out;
+	counters[0] = md->mapped;
+	counters[1] = md->live;
+	counters[2] = md->unique_writes;
+	counters[3] = md->duplicate_writes;
+	counters[4] = md->zero_writes;
+	counters[5] = md->discarded;
+	r = dd_journal_take(&md->jnl, counters, md->bm->txn, b);
+out:
+	up_write(&md->lock);
+	return r;
+}
+
+int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b)
+{
+	return dd_journal_write(&md->jnl, b);
+}
+
+bool dd_md_journal_pending(struct dd_metadata *md)
+{
+	return md->journaled && dd_journal_pending(&md->jnl);
+}
+
+bool dd_md_checkpoint_due(struct dd_metadata *md)
+{
+	return md->journaled &&
+	       dd_journal_used(&md->jnl) >= md->jnl.geo.nr_blocks / 2;
 }
 
 /*
@@ -1150,6 +1597,10 @@ static void dd_abort(struct dd_metadata *md)
 	md->fingerprint.root = le64_to_cpu(sb->fingerprint_root);
 	dd_load_committed_counters(md);
 	dd_bm_settle(md->bm);
+	/* What flushes made durable since the last commit reads back. */
+	if (md->journaled && dd_journal_used(&md->jnl) &&
+	    dd_replay_overlay(md))
+		DMERR("cannot read back the journal after the abort: reads show the last commit");
 }
 
 void dd_md_abort(struct dd_metadata *md)
@@ -1256,6 +1707,16 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->duplicate_writes = md->duplicate_writes;
 	st->zero_writes = md->zero_writes;
 	st->discarded = md->discarded;
+	st->checkpoints = md->checkpoints;
+	if (md->journaled) {
+		mutex_lock(&md->jnl.lock);
+		st->journal_used = md->jnl.next_seq - md->jnl.geo.epoch;
+		st->journal_appends = md->jnl.appends;
+		st->journal_blocks_written = md->jnl.blocks_written;
+		mutex_unlock(&md->jnl.lock);
+	}
+	st->journal_total = le64_to_cpu(md->sb.journal_blocks);
+	st->journal_replayed = md->replayed.blocks;
 	up_read(&md->lock);
 }
 

@@ -17,6 +17,7 @@
 #include <linux/types.h>
 
 #include "dedup-format.h"
+#include "dedup-journal.h"
 #include "dedup-space.h"
 
 struct dd_metadata;
@@ -82,6 +83,12 @@ struct dd_md_stats {
 	u64 zero_writes;
 	u64 discarded;
 	u64 pending_free;
+	u64 checkpoints;	/* commits of the trees by this instance */
+	u64 journal_used;	/* blocks appended since the last checkpoint */
+	u64 journal_total;	/* 0: format version 1, no journal */
+	u64 journal_appends;
+	u64 journal_blocks_written;
+	u64 journal_replayed;	/* blocks replayed at activation */
 };
 
 #define DD_REFCOUNT_MAX		U32_MAX
@@ -204,6 +211,22 @@ int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed);
 int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 		      struct dd_md_freed *freed, unsigned int max_freed,
 		      unsigned int *nr_freed, u64 *next, u64 *unmapped);
+
+/*
+ * The journal (format version 2, read-write): a flush appends the
+ * changes since the last append instead of committing. Take them with
+ * the transaction's changes kept out, then write them outside every
+ * lock; one batch at a time, never across a commit. -ENODATA: nothing
+ * to append; -ENOSPC: commit instead (no journal, no room in it, or
+ * changes it could not keep); -EROFS.
+ */
+bool dd_md_journaled(struct dd_metadata *md);
+int dd_md_journal_take(struct dd_metadata *md, struct dd_journal_batch *b);
+int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b);
+/* Changes wait for an append (or a commit, if the journal dropped them). */
+bool dd_md_journal_pending(struct dd_metadata *md);
+/* Half the journal is used: a commit (its checkpoint) empties it. */
+bool dd_md_checkpoint_due(struct dd_metadata *md);
 
 /* @reusable may be NULL; it is not called for held frees. */
 int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx);

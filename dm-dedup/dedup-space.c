@@ -118,6 +118,30 @@ int dd_space_alloc(struct dd_space *s, u64 *block)
 	return dd_space_alloc_run(s, 1, block, &len);
 }
 
+/*
+ * Exactly @len consecutive free blocks, searched from the start: for a
+ * run that lives as long as the device (the journal). -ENOSPC if none.
+ */
+int dd_space_alloc_exact(struct dd_space *s, u64 len, u64 *first)
+{
+	unsigned long b = s->first, e;
+
+	while (len && b + len <= s->nr_blocks) {
+		b = find_next_zero_bit(s->used, s->nr_blocks, b);
+		if (b + len > s->nr_blocks)
+			break;
+		e = find_next_bit(s->used, b + len, b);
+		if (e == b + len) {
+			bitmap_set(s->used, b, len);
+			s->nr_used += len;
+			*first = b;
+			return 0;
+		}
+		b = e;
+	}
+	return -ENOSPC;
+}
+
 /* Activation: rebuild the allocation state from what the trees reference. */
 int dd_space_mark_used(struct dd_space *s, u64 block)
 {

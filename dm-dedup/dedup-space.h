@@ -46,6 +46,7 @@ void dd_space_exit(struct dd_space *s);
 
 int dd_space_alloc(struct dd_space *s, u64 *block);
 int dd_space_alloc_run(struct dd_space *s, u64 want, u64 *first, u64 *len);
+int dd_space_alloc_exact(struct dd_space *s, u64 len, u64 *first);
 int dd_space_mark_used(struct dd_space *s, u64 block);
 void dd_space_release(struct dd_space *s, u64 block);
 void dd_space_free_now(struct dd_space *s, u64 block);

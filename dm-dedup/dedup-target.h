@@ -11,6 +11,8 @@
  *   dc->lock           rwsem    dedup-commit.c      the transaction
  *   md->lock           rwsem    dedup-metadata.c    the metadata
  *   md->data_lock      mutex    dedup-metadata.c    the data allocator
+ *   j->lock            mutex    dedup-journal.c     the journal's records and
+ *                                                   ring position
  *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
  *                                                   table
  *   dc->commit_lock    spinlock dedup-commit.c      flush and no-space waiters
@@ -38,8 +40,9 @@
  *   dedup-decide.c     the dedup decision: the index, the in-flight table,
  *                      verification (which reads the candidate block),
  *                      and every metadata change a bio makes
- *   dedup-commit.c     durability and modes: commits, flush, FUA and
- *                      no-space waiters, aborts, the low water mark
+ *   dedup-commit.c     durability and modes: journal appends and commits,
+ *                      flush, FUA and no-space waiters, aborts, the low
+ *                      water mark
  */
 #ifndef DM_DEDUP_TARGET_H
 #define DM_DEDUP_TARGET_H
@@ -97,6 +100,7 @@ struct dedup_c {
 	struct rw_semaphore lock;	/* the transaction, see above */
 	int mode;			/* only raised, by cmpxchg; read anywhere */
 	atomic_t low_water_raised;	/* set by a writer, cleared by commit */
+	atomic_t checkpoint_wanted;	/* the commit interval passed */
 	struct workqueue_struct *commit_wq;
 	struct work_struct commit_work;
 	struct delayed_work periodic_commit;

@@ -67,7 +67,7 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 		}
 		/* A snapshot under the metadata lock; no wait for commits. */
 		dd_md_stats(dc->md, &st);
-		DMEMIT("%s %llu %llu/%llu %llu/%llu %llu %llu %llu %llu %llu %s %s %s",
+		DMEMIT("%s %llu %llu/%llu %llu/%llu %llu %llu %llu %llu %llu %s %s %s %llu/%llu",
 		       dd_mode_names[READ_ONCE(dc->mode)], st.transaction_id,
 		       st.metadata_used, st.metadata_total, st.data_used,
 		       st.data_total, st.mapped, st.unique_writes,
@@ -75,7 +75,8 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 		       dd_hasher_name(&dc->hasher),
 		       dc->verify ? "verify" : "no_verify",
 		       dc->discard_passdown ? "discard_passdown" :
-					      "no_discard_passdown");
+					      "no_discard_passdown",
+		       st.journal_used, st.journal_total);
 		break;
 	case STATUSTYPE_TABLE:
 		nr_opts = 2 * !!strcmp(dd_hasher_name(&dc->hasher),
@@ -131,6 +132,12 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("duplicate_writes %llu\n", st.duplicate_writes);
 	DMEMIT("zero_writes %llu\n", st.zero_writes);
 	DMEMIT("discarded_blocks %llu\n", st.discarded);
+	DMEMIT("journal_blocks_used %llu\n", st.journal_used);
+	DMEMIT("journal_blocks_total %llu\n", st.journal_total);
+	DMEMIT("journal_appends %llu\n", st.journal_appends);
+	DMEMIT("journal_blocks_written %llu\n", st.journal_blocks_written);
+	DMEMIT("journal_blocks_replayed %llu\n", st.journal_replayed);
+	DMEMIT("checkpoints %llu\n", st.checkpoints);
 	/* Percentages in hundredths, to stay in integer arithmetic. */
 	DMEMIT("dedup_ratio_x100 %llu\n",
 	       st.data_live ? div64_u64(st.mapped * 100, st.data_live) : 100);
@@ -606,7 +613,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 0, 0},
+	.version = {1, 1, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

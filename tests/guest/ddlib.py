@@ -236,7 +236,7 @@ def remove_dm_devices(prefix=NAME_PREFIX):
 
 STATUS_FIELDS = ("mode", "transaction_id", "metadata", "data", "mapped",
                  "unique_writes", "duplicate_writes", "zero_writes", "discarded",
-                 "hash", "verify", "discard_passdown")
+                 "hash", "verify", "discard_passdown", "journal")
 
 
 def parse_status(line):
@@ -244,7 +244,8 @@ def parse_status(line):
 
     Keys: mode, transaction_id, meta_used, meta_total, data_used, data_total,
     mapped, unique_writes, duplicate_writes, zero_writes, discarded, hash,
-    verify, discard_passdown (the last three as printed), and raw.
+    verify, discard_passdown (these three as printed), journal_used,
+    journal_total, and raw.
     """
     parts = line.split()
     assert len(parts) >= 3 and parts[2] == "dedup", "not a dedup status: %r" % line
@@ -263,7 +264,16 @@ def parse_status(line):
     st["hash"] = f[9]
     st["verify"] = f[10]
     st["discard_passdown"] = f[11]
+    ju, jt = f[12].split("/")
+    st.update(journal_used=int(ju), journal_total=int(jt))
     return st
+
+
+def durable_point(st):
+    """Where durability stands, from a status dict: (transaction_id, journal
+    blocks appended since that commit). A flush moves it forward: an append
+    grows the second, a commit raises the first (and empties the journal)."""
+    return (st["transaction_id"], st["journal_used"])
 
 
 COUNTERS = ("data_used", "mapped", "unique_writes", "duplicate_writes",

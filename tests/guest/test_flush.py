@@ -9,29 +9,40 @@ import ddlib
 from ddlib import BlockDev, block_data, verify_blocks, write_ids
 
 
-def test_fsync_commits(make_dedup, seed):
-    """commit_interval 3600: only the flush can advance the transaction id."""
+def test_fsync_appends_to_the_journal(make_dedup, seed):
+    """commit_interval 3600: a flush appends the changes to the journal
+    (Documentation/dm-dedup.rst, "Transactions and commits") and commits
+    no tree; the commit message then checkpoints and empties the journal."""
     d = make_dedup(opts=["commit_interval", "3600"])
     with BlockDev(d.path) as bd:
         bd.write(0, block_data(seed, 1))
-        t0 = d.status()["transaction_id"]
+        st0 = d.status()
+        assert st0["journal_total"] == 2048, st0["raw"]
         bd.fsync()
-        t1 = d.status()["transaction_id"]
-        assert t1 > t0, "fsync did not advance the transaction id (%d -> %d)" % (t0, t1)
+        st1 = d.status()
+        assert st1["transaction_id"] == st0["transaction_id"], st1["raw"]
+        assert st1["journal_used"] > st0["journal_used"], \
+            "fsync appended nothing:\n%s\n%s" % (st0["raw"], st1["raw"])
         bd.write(1, block_data(seed, 2))
         bd.fsync()
-        assert d.status()["transaction_id"] > t1
+        st2 = d.status()
+        assert st2["journal_used"] > st1["journal_used"], st2["raw"]
+        assert int(d.stats()["journal_appends"]) == 2
+    d.commit()
+    st3 = d.status()
+    assert st3["transaction_id"] > st2["transaction_id"] and st3["journal_used"] == 0, \
+        st3["raw"]
 
 
-def test_fua_write_commits(make_dedup, seed):
+def test_fua_write_is_appended(make_dedup, seed):
     """O_DSYNC|O_DIRECT: a FUA write (or write + flush) must be durable, which
-    needs a commit of its mapping."""
+    needs an append of its mapping to the journal."""
     d = make_dedup(opts=["commit_interval", "3600"])
     write_ids(d.path, seed, [5])
-    t0 = d.status()["transaction_id"]
+    p0 = ddlib.durable_point(d.status())
     with BlockDev(d.path, os.O_DSYNC) as bd:
         bd.write(1, block_data(seed, 6))
-    assert d.status()["transaction_id"] > t0
+    assert ddlib.durable_point(d.status()) > p0
 
 
 def test_periodic_commit(make_dedup, seed):

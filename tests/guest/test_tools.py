@@ -47,6 +47,38 @@ def test_tool_format_is_opened_by_kernel(backing, seed):
     assert dedup_tool("check", meta).returncode == 0
 
 
+def test_format_version_1_is_upgraded_at_the_first_read_write_activation(backing, seed):
+    """Metadata of format version 1 (before the journal) opens read-only as
+    it is, and the first read-write activation gives it a journal: its
+    superblock turns version 2, and a flush appends (Documentation/
+    dm-dedup.rst, "The journal")."""
+    meta = backing.loop(META_MIB, "meta")
+    data = backing.loop(DATA_MIB, "data")
+    dedup_tool("format", meta, "--data-dev", data, "--logical-blocks",
+               LOGICAL_SECTORS // 8, "--format-version", "1")
+    version = lambda: json.loads(dedup_tool("check", "--json", meta).stdout)["superblock"]["version"]
+    assert version() == 1
+    dd = DedupDev.create("ddttool", meta, data, LOGICAL_SECTORS, ["read_only"])
+    st = dd.status()
+    assert (st["mode"], st["journal_total"]) == ("ro", 0), st["raw"]
+    dd.remove()
+    assert version() == 1, "a read-only activation wrote the superblock"
+    with ddlib.Kmsg() as k:
+        dd = DedupDev.create("ddttool", meta, data, LOGICAL_SECTORS)
+        lines = k.lines()
+    assert any("metadata format 2: journal of" in l for l in lines), lines
+    st = dd.status()
+    assert st["mode"] == "rw" and st["journal_total"] >= 64, st["raw"]
+    exp = write_ids(dd.path, seed, layout())
+    with BlockDev(dd.path) as bd:
+        bd.fsync()
+    assert dd.status()["journal_used"] > 0, "the flush did not append"
+    ddlib.verify_blocks(dd.path, exp)
+    dd.remove()
+    assert version() == 2
+    assert dedup_tool("check", meta).returncode == 0
+
+
 def test_dump_restore_round_trip(backing, seed, tmp_path):
     meta = backing.loop(META_MIB, "meta")
     data = backing.loop(DATA_MIB, "data")

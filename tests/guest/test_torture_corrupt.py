@@ -2,21 +2,27 @@
 names every corrupted block).
 
 A dedup device is filled in two committed steps (states S1 and S2), then
-removed.  Each trial damages one metadata block of a copy of that metadata:
+a third step is made durable by fsyncs only (S3, in the journal) and the
+device stops as in a crash (its metadata device fails under the final
+commit).  Each trial damages one metadata block of a copy of that metadata:
 flipped bits, a zeroed block, or another block's content written over it (a
 misdirected write).  Then:
   * `dedup check --json` must not call the device clean with the damage in
     place: a damaged tree block is listed as a problem at that block; a
     damaged superblock slot is reported as not valid (the checker, like the
-    kernel, may then use the other slot);
+    kernel, may then use the other slot); a damaged journal block ends the
+    journal there (a torn append, not an error: the checker reports fewer
+    blocks replayed);
   * the kernel either refuses the table with a dedup error line in the log,
     or activates it; then every logical block reads its S2 content, or its
     S1 content (the previous commit, if the newest superblock was lost), or
-    fails with EIO: never another block's content, never garbage.  A write
+    fails with EIO, or its S3 content if the journal up to the fsync that
+    made it durable survived: never another block's content, never garbage.  A write
     of a new block either fails or reads back.  The kernel log must stay
     free of WARN/BUG/Oops (the kmsg fixture).
 Damaged blocks are picked among the blocks the current superblock reaches,
-found here by walking the trees independently of the checker.
+found here by walking the trees independently of the checker, and the
+journal blocks that follow it.
 """
 
 import errno
@@ -57,7 +63,21 @@ def fill(dev, seed):
     for lba in range(100, 116):
         state.pop(lba, None)
     dev.commit()
-    return s1, dict(state)
+    s2 = dict(state)
+    with BlockDev(dev.path) as bd:
+        for k in range(3):                  # three appends
+            for lba in rng.sample(range(NB), 40):
+                bid = rng.choice(pool) if rng.random() < 0.4 else 9000 + 100 * k + lba
+                bd.write(lba, block_data(seed, bid))
+                state[lba] = block_data(seed, bid)
+            bd.fsync()
+    return s1, s2, dict(state)
+
+
+def journal_blocks(rep):
+    """The metadata blocks of the journal that follows the superblock."""
+    j = rep["journal"]
+    return [j["start"] + (j["epoch"] + k) % j["blocks"] for k in range(j["blocks_in_epoch"])]
 
 
 def live_tree_blocks(img, sb):
@@ -95,10 +115,15 @@ def corrupt(img, target, kind, rng, live):
     return bytes(out)
 
 
-def check_names(meta, target, where, kind):
+def check_names(meta, target, where, kind, rep0_replayed):
     p = run([ddlib.DEDUP_BIN, "check", "--json", "--max-problems", "0", meta], check=False)
     rep = json.loads(p.stdout)
-    if where == "tree":
+    if where == "journal":
+        assert rep["exit_code"] == 0 and \
+            rep["journal"]["replayed_blocks"] < rep0_replayed, \
+            "check after %s of journal block %d: exit %d, journal %s" % (
+                kind, target, p.returncode, json.dumps(rep.get("journal")))
+    elif where == "tree":
         hit = [q for q in rep.get("problems", []) if q.get("block") == target or
                " %d" % target in q.get("message", "")]
         assert rep["exit_code"] == 4 and hit, \
@@ -129,20 +154,28 @@ def read_all(path, allowed):
 
 
 def test_metadata_corruption_campaign(backing, kmsg_check, seed):
-    meta = backing.loop(META_MIB, "meta")
+    meta_loop = backing.loop(META_MIB, "meta")
     meta_file = backing.files[-1]
+    meta, meta_sectors = ddlib.dm_linear("ddtccm", meta_loop)
     data = backing.loop(DATA_MIB, "data")
     data_file = backing.files[-1]
     # only the two explicit commits: the older superblock slot holds S1
     opts = ["commit_interval", "3600"]
     table = ddlib.table_line(meta, data, LOGICAL_MIB * MIB // 512, opts)
     dev = DedupDev.create("ddtcc", meta, data, LOGICAL_MIB * MIB // 512, opts)
-    s1, s2 = fill(dev, seed)
+    s1, s2, s3 = fill(dev, seed)
+    # the crash: the final commit fails, the appends stay in the journal
+    ddlib.dm_swap_table("ddtccm", "0 %d error" % meta_sectors)
     dev.remove()
-    allowed = {lba: {s1.get(lba, ZERO), s2.get(lba, ZERO)} for lba in range(NB)}
+    ddlib.dm_swap_table("ddtccm", "0 %d linear %s 0" % (meta_sectors, meta_loop))
+    allowed = {lba: {s1.get(lba, ZERO), s2.get(lba, ZERO), s3.get(lba, ZERO)}
+               for lba in range(NB)}
 
     p = run([ddlib.DEDUP_BIN, "check", "--json", meta_file])
-    sb = json.loads(p.stdout)["superblock"]
+    rep0 = json.loads(p.stdout)
+    sb = rep0["superblock"]
+    jblocks = journal_blocks(rep0)
+    assert rep0["journal"]["appends"] == 3 and len(jblocks) >= 3, rep0["journal"]
     with open(meta_file, "rb") as f:
         pristine = f.read()
     shutil.copyfile(data_file, data_file + ".pristine")
@@ -150,22 +183,26 @@ def test_metadata_corruption_campaign(backing, kmsg_check, seed):
     live = live_tree_blocks(pristine, sb)
     assert len(live) >= 8, live
     cur = sb["slot"]
-    targets = [("tree", b) for b in sorted(live)] + [("sb", cur), ("sb", 1 - cur)]
+    targets = [("tree", b) for b in sorted(live)] + [("sb", cur), ("sb", 1 - cur)] + \
+        [("journal", b) for b in jblocks]
 
     rng = random.Random(seed)
     tally = {"refused": 0, "rw": 0, "ro": 0, "eio_reads": 0, "writes_ok": 0}
-    for trial in range(TRIALS):
+    trials = max(TRIALS, len(targets))      # every block at least once
+    for trial in range(trials):
         where, target = targets[trial % len(targets)] if trial < len(targets) else \
             rng.choice(targets)
         kind = ("bitflip", "zero", "misdirect")[rng.randrange(3)]
-        ctx = "trial %d: %s block %d (%s)" % (trial, kind, target,
-                                              live.get(target, ("superblock",))[0])
+        ctx = "trial %d: %s block %d (%s)" % (
+            trial, kind, target, "journal" if where == "journal" else
+            live.get(target, ("superblock",))[0])
         img = corrupt(pristine, target, kind, rng, list(live))
         with open(meta_file, "r+b") as f:
             f.write(img)
         try:
             # the image file, not the loop: its block cache may be stale
-            check_names(meta_file, target, where, kind)
+            check_names(meta_file, target, where, kind,
+                        rep0["journal"]["replayed_blocks"])
         except AssertionError as e:
             raise AssertionError("%s: %s" % (ctx, e))
 
@@ -200,7 +237,8 @@ def test_metadata_corruption_campaign(backing, kmsg_check, seed):
             pass
         ddlib.dm_remove("ddtcc")
         shutil.copyfile(data_file + ".pristine", data_file)
-    ddlib.report("corruption campaign: %d trials over %d blocks: %s" % (TRIALS, len(targets), tally))
+    ddlib.report("corruption campaign: %d trials over %d blocks (%d of the journal): %s" % (
+        trials, len(targets), len(jblocks), tally))
     # leave the pristine metadata for the oracle at cleanup
     with open(meta_file, "r+b") as f:
         f.write(pristine)

@@ -42,6 +42,7 @@ from ddlib import BLOCK, MIB, ZERO, BlockDev, DedupDev, block_data, run
 
 META_MIB, DATA_MIB = 16, 48
 NB = 1024                       # raw workload: LBAs used (4 MiB)
+DB_LBAS, DB_FSYNCS = 16, 360    # the small-fsync workload
 TRIALS = ddlib.TORTURE_TRIALS
 # Files per filesystem workload; make torture examines 40 per trial. With
 # the test command's 14, about 100 crash points: at 2.3 s each (the whole
@@ -53,16 +54,17 @@ FS_FILES = 40 if TRIALS else 14
 class LogRig:
     """log-writes over one loop device, sliced into metadata and data."""
 
-    def __init__(self, backing, logical_mib, opts=()):
+    def __init__(self, backing, logical_mib, opts=(), meta_mib=META_MIB, data_mib=DATA_MIB):
         self.backing = backing
-        self.total_mib = META_MIB + DATA_MIB
+        self.meta_mib, self.data_mib = meta_mib, data_mib
+        self.total_mib = meta_mib + data_mib
         self.dev = backing.loop(self.total_mib, "lwdev")
         self.log = backing.loop(1024, "lwlog")
         self.log_file = backing.files[-1]
         self.lw = "ddtlw"
         run(["dmsetup", "create", self.lw, "--table", "0 %d log-writes %s %s" % (
             self.sectors(self.total_mib), self.dev, self.log)])
-        self.slices = slice_pair("/dev/mapper/" + self.lw, "ddtlws")
+        self.slices = slice_pair("/dev/mapper/" + self.lw, "ddtlws", meta_mib, data_mib)
         self.logical = logical_mib * MIB // 512
         self.opts = list(opts)
         self.dedup = DedupDev("ddtlwx", self.slices[0], self.slices[1], self.logical, self.opts)
@@ -88,10 +90,10 @@ class LogRig:
         return logwrites.Log(self.log_file)
 
 
-def slice_pair(dev, prefix):
+def slice_pair(dev, prefix, meta_mib, data_mib):
     """dm-linear slices <prefix>m (metadata) and <prefix>d (data) of dev."""
-    m = META_MIB * MIB // 512
-    d = DATA_MIB * MIB // 512
+    m = meta_mib * MIB // 512
+    d = data_mib * MIB // 512
     run(["dmsetup", "create", prefix + "m", "--table", "0 %d linear %s 0" % (m, dev)])
     run(["dmsetup", "create", prefix + "d", "--table", "0 %d linear %s %d" % (d, dev, m)])
     ddlib.udev_settle()
@@ -115,14 +117,14 @@ class CrashImage:
         self.backing = backing
         self.rig = rig
         self.files, self.loops, self.scratch, self.scratch_loops = {}, {}, {}, {}
-        for k, mib in (("m", META_MIB), ("d", DATA_MIB)):
+        for k, mib in (("m", rig.meta_mib), ("d", rig.data_mib)):
             self.loops[k] = backing.loop(mib, "replay" + k, read_only=True)
             self.files[k] = backing.files[-1]
             self.scratch_loops[k] = backing.loop(mib, "scratch" + k)
             self.scratch[k] = backing.files[-1]
         self.replayer = logwrites.Replayer(log, [
-            (0, META_MIB * MIB, self.files["m"]),
-            (META_MIB * MIB, DATA_MIB * MIB, self.files["d"])])
+            (0, rig.meta_mib * MIB, self.files["m"]),
+            (rig.meta_mib * MIB, rig.data_mib * MIB, self.files["d"])])
         self.checked = 0            # metadata states `dedup check` found clean
         self.ro_points = 0
         self.rw_points = 0
@@ -304,13 +306,17 @@ class RawModel:
         return ok
 
 
-def raw_workload(rig, seed, rounds):
-    rng = random.Random(seed)
+def start_raw(rig, seed):
+    """Activate the rig's device and send mark 0: (rng, model, device)."""
     model = RawModel()
-    dev = rig.dedup
-    dev.activate()
+    rig.dedup.activate()
     model.mark()
     rig.mark()
+    return random.Random(seed), model, rig.dedup
+
+
+def raw_workload(rig, seed, rounds):
+    rng, model, dev = start_raw(rig, seed)
     pool = [rng.randrange(1 << 20) for _ in range(24)]       # duplicate content ids
     for r in range(rounds):
         with BlockDev(dev.path) as bd:
@@ -411,6 +417,74 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial):
     ddlib.report("log-writes raw: %d entries, %s (%d read-only, %d read-write "
                  "activations), 0 failures" % (
                      len(log.entries), img.summary(points), img.ro_points, img.rw_points))
+
+
+def small_fsyncs_workload(rig, seed, n):
+    """A database's pattern: one block written, then fsync, n times, over
+    a few hot blocks (so old blocks are freed) with some duplicates."""
+    rng, model, dev = start_raw(rig, seed)
+    with BlockDev(dev.path) as bd:
+        for i in range(n):
+            lba = rng.randrange(DB_LBAS)
+            bid = rng.randrange(8) if rng.random() < 0.3 else 1000 + i
+            bd.write(lba, block_data(seed, bid))
+            model.write(lba, bid, rig.marks)
+            bd.fsync()
+            model.synced_all()
+            model.mark()
+            rig.mark()
+    stats = dev.stats()
+    dev.remove()
+    return model, stats
+
+
+def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
+    """Many small fsyncs on a metadata device so small that its journal
+    holds about 150 blocks: the journal is checkpointed and wraps around
+    its ring twice. About 120 crash points, evenly spread, are examined
+    read-write (recovery replays the journal), every fourth of them also
+    read-only (replay in memory): examining all of them would take a
+    quarter of an hour."""
+    rig = LogRig(backing, 16, ["commit_interval", "3600"], meta_mib=1, data_mib=16)
+    model, stats = small_fsyncs_workload(rig, seed, DB_FSYNCS)
+    journal = int(stats["journal_blocks_total"])
+    written = int(stats["journal_blocks_written"])
+    assert journal <= 256 and written > 2 * journal, \
+        "the journal (%d blocks) did not wrap twice: %d blocks written" % (journal, written)
+    assert int(stats["checkpoints"]) >= 3, stats
+    log = rig.finish()
+    points = log.crash_points()
+    img = CrashImage(backing, rig, log)
+    contents = Contents(seed)
+    examined = 0
+    try:
+        stride = max(1, len(points) // 120)
+        chosen = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+        for n, (k, m, formatted) in enumerate(img.distinct_points(chosen)):
+            views = ([img.open_ro] if formatted and n % 4 == 0 else []) + [img.open_rw]
+            for view in views:
+                dev = view(k)
+                verify_db(dev, model, m, contents, k)
+                dev.remove()
+            examined += 1
+    finally:
+        img.close()
+    assert examined >= 80, "only %d crash points examined" % examined
+    ddlib.METADATA_CHECKS += img.checked
+    ddlib.report("log-writes small fsyncs: journal of %d blocks, %d written (%.1f rings), "
+                 "%s checkpoints; %s (%d read-only, %d read-write activations), 0 failures" % (
+                     journal, written, written / journal, stats["checkpoints"],
+                     img.summary(chosen), img.ro_points, img.rw_points))
+
+
+def verify_db(dev, model, m, contents, point):
+    allowed = model.allowed(m)
+    with BlockDev(dev.path) as bd:
+        got = bd.read_range(0, DB_LBAS)
+    bad = [(lba, hashlib.sha256(got[lba]).digest().hex()[:16]) for lba in range(DB_LBAS)
+           if hashlib.sha256(got[lba]).digest() not in
+           {contents(b) for b in allowed.get(lba, {None})}]
+    assert not bad, "crash point %d (last mark %s): blocks wrong: %s" % (point, m, bad[:10])
 
 
 # ---------------------------------------------------------------------------

@@ -14,6 +14,11 @@
  *	the end; prints the committed map. With CRASH_OPS, that many more
  *	operations follow whose blocks are written but never committed (a
  *	crash before the superblock write).
+ *   harness journal META LOGICAL DATA SEED OPS COMMIT_EVERY APPEND_EVERY TAIL
+ *	the workload with a journal append (what a flush does) every
+ *	APPEND_EVERY operations between the commits; prints the map as of
+ *	the last append, then TAIL more operations are never appended, and
+ *	the process "crashes" as in workload: the next open replays.
  *   harness save META LOGICAL DATA SEED OPS COMMIT_EVERY
  *	the workload, then what the target does at a clean close: dd_md_save
  *	with an index part of all-empty slots whose head counts every live
@@ -115,8 +120,9 @@ static void print_stats(struct dd_metadata *md)
 	struct dd_md_stats st;
 
 	dd_md_stats(md, &st);
-	printf("stats loaded=%d needs_check=%d txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
+	printf("stats loaded=%d needs_check=%d replayed=%llu txn=%llu metadata_used=%llu metadata_total=%llu data_used=%llu live=%llu mapped=%llu unique=%llu duplicate=%llu zero=%llu discarded=%llu\n",
 	       saved.loaded, dd_md_needs_check(md),
+	       (unsigned long long)st.journal_replayed,
 	       (unsigned long long)st.transaction_id, (unsigned long long)st.metadata_used,
 	       (unsigned long long)st.metadata_total, (unsigned long long)st.data_used,
 	       (unsigned long long)st.data_live, (unsigned long long)st.mapped,
@@ -187,6 +193,19 @@ static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 	return r;
 }
 
+/* What a flush does: the changes since the last append, to the journal. */
+static int append_changes(struct dd_metadata *md)
+{
+	struct dd_journal_batch b;
+	int r = dd_md_journal_take(md, &b);
+
+	if (r == -ENODATA)
+		return 0;
+	if (r == -ENOSPC)
+		return dd_md_commit(md, NULL, NULL);
+	return r ? r : dd_md_journal_write(md, &b);
+}
+
 int main(int argc, char **argv)
 {
 	struct dd_md_config cfg = { .hash_name = "sha256", .fp_size = 32 };
@@ -199,7 +218,7 @@ int main(int argc, char **argv)
 	int r;
 
 	if (argc < 5) {
-		fprintf(stderr, "usage: harness open|map|flag|workload|save META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS]]\n");
+		fprintf(stderr, "usage: harness open|map|flag|workload|save|journal META LOGICAL DATA [SEED OPS COMMIT_EVERY [CRASH_OPS | APPEND_EVERY TAIL]]\n");
 		return 2;
 	}
 	cmd = argv[1];
@@ -243,6 +262,30 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "map")) {
 		r = print_map(md, cfg.logical_blocks);
 		print_stats(md);
+	} else if (!strcmp(cmd, "journal") && argc >= 10) {
+		u64 ops = strtoull(argv[6], NULL, 10);
+		u64 every = strtoull(argv[7], NULL, 10);
+		u64 append = strtoull(argv[8], NULL, 10);
+		u64 tail = strtoull(argv[9], NULL, 10);
+
+		rng_state = strtoull(argv[5], NULL, 10) * 2654435761ULL + 88172645463325252ULL;
+		for (u64 i = 0; i < ops && !r; i++) {
+			r = one_op(md, &m, cfg.logical_blocks);
+			if (!r && every && (i + 1) % every == 0)
+				r = dd_md_commit(md, NULL, NULL);
+			else if (!r && append && (i + 1) % append == 0)
+				r = append_changes(md);
+		}
+		if (!r)
+			r = append_changes(md);
+		if (!r)
+			r = print_map(md, cfg.logical_blocks);
+		if (!r)
+			print_stats(md);
+		for (u64 i = 0; i < tail && !r; i++)
+			r = one_op(md, &m, cfg.logical_blocks);
+		if (!r)
+			r = dm_bufio_write_dirty_buffers(**(struct dm_bufio_client ***)md);
 	} else if ((!strcmp(cmd, "workload") || !strcmp(cmd, "save")) && argc >= 8) {
 		u64 ops = strtoull(argv[6], NULL, 10);
 		u64 every = strtoull(argv[7], NULL, 10);

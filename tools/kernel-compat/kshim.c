@@ -191,3 +191,90 @@ void *dm_bufio_get_block_data(struct dm_buffer *b)
 {
 	return b->data;
 }
+
+u64 get_random_u64(void)
+{
+	return ((u64)random() << 33) ^ ((u64)random() << 2) ^ (u64)random();
+}
+
+struct bio *bio_alloc(struct block_device *bdev, unsigned int nr, blk_opf_t opf, int gfp)
+{
+	struct bio *bio = calloc(1, sizeof(*bio));
+
+	(void)nr;
+	(void)gfp;
+	bio->bdev = bdev;
+	bio->opf = opf;
+	return bio;
+}
+
+void __bio_add_page(struct bio *bio, struct page *page, unsigned int len, unsigned int off)
+{
+	(void)len;
+	(void)off;
+	bio->pages[bio->n++] = page;
+}
+
+int submit_bio_wait(struct bio *bio)
+{
+	off_t pos = (off_t)bio->bi_iter.bi_sector << SECTOR_SHIFT;
+
+	for (unsigned int i = 0; i < bio->n; i++, pos += 4096) {
+		ssize_t r = (bio->opf & 1) ?
+			pwrite(bio->bdev->fd, bio->pages[i]->data, 4096, pos) :
+			pread(bio->bdev->fd, bio->pages[i]->data, 4096, pos);
+		if (r != 4096)
+			return -EIO;
+	}
+	return 0;
+}
+
+void bio_put(struct bio *bio)
+{
+	free(bio);
+}
+
+/* Linear: the harness's journals are small. */
+static size_t xa_find(struct xarray *xa, unsigned long index)
+{
+	size_t i;
+
+	for (i = 0; i < xa->n && xa->keys[i] != index; i++)
+		;
+	return i;
+}
+
+void *xa_load(struct xarray *xa, unsigned long index)
+{
+	size_t i = xa_find(xa, index);
+
+	return i < xa->n ? xa->vals[i] : NULL;
+}
+
+void *xa_store(struct xarray *xa, unsigned long index, void *entry, int gfp)
+{
+	size_t i = xa_find(xa, index);
+	void *old = NULL;
+
+	(void)gfp;
+	if (i < xa->n) {
+		old = xa->vals[i];
+		xa->vals[i] = entry;
+		return old;
+	}
+	if (xa->n == xa->cap) {
+		xa->cap = xa->cap ? 2 * xa->cap : 64;
+		xa->keys = realloc(xa->keys, xa->cap * sizeof(*xa->keys));
+		xa->vals = realloc(xa->vals, xa->cap * sizeof(*xa->vals));
+	}
+	xa->keys[xa->n] = index;
+	xa->vals[xa->n++] = entry;
+	return NULL;
+}
+
+void xa_destroy(struct xarray *xa)
+{
+	free(xa->keys);
+	free(xa->vals);
+	xa_init(xa);
+}

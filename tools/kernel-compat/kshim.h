@@ -62,10 +62,13 @@ static inline size_t array_size(size_t n, size_t s)
 	return __builtin_mul_overflow(n, s, &r) ? SIZE_MAX : r;
 }
 static inline void kvfree(const void *p) { free((void *)p); }
+static inline void *kcalloc(size_t n, size_t s, int gfp) { (void)gfp; return calloc(n ? n : 1, s); }
+static inline void *kmalloc_array(size_t n, size_t s, int gfp) { (void)gfp; return malloc(n && s ? n * s : 1); }
 
 #define min_t(t, a, b) ((t)(a) < (t)(b) ? (t)(a) : (t)(b))
 #define max_t(t, a, b) ((t)(a) > (t)(b) ? (t)(a) : (t)(b))
 #define max(a, b) ((a) > (b) ? (a) : (b))
+#define clamp_t(t, v, lo, hi) min_t(t, max_t(t, v, lo), hi)
 #define DIV_ROUND_UP_ULL(n, d) (((u64)(n) + (d) - 1) / (d))
 #define min(a, b) ((a) < (b) ? (a) : (b))
 #define WARN_ON_ONCE(c) ({ int __c = !!(c); if (__c) fprintf(stderr, "WARN_ON_ONCE %s:%d\n", __FILE__, __LINE__); __c; })
@@ -189,6 +192,51 @@ struct block_device {
 	u64 bytes;
 };
 static inline u64 bdev_nr_bytes(struct block_device *b) { return b->bytes; }
+
+#define NSEC_PER_MSEC 1000000ULL
+static inline u64 ktime_get_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (u64)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
+u64 get_random_u64(void);
+
+/* Pages: one 4 KiB buffer each. */
+struct page { unsigned char data[4096]; };
+static inline struct page *alloc_page(int gfp) { (void)gfp; return calloc(1, sizeof(struct page)); }
+static inline void __free_page(struct page *p) { free(p); }
+static inline void *page_address(struct page *p) { return p->data; }
+
+/* Bios: synchronous reads and writes of whole pages on the file. */
+typedef unsigned int blk_opf_t;
+#define REQ_OP_READ	0U
+#define REQ_OP_WRITE	1U
+#define REQ_SYNC	(1U << 8)
+#define REQ_FUA		(1U << 9)
+#define BIO_MAX_VECS	256U
+struct bio {
+	struct block_device *bdev;
+	blk_opf_t opf;
+	struct { u64 bi_sector; } bi_iter;
+	unsigned int n;
+	struct page *pages[BIO_MAX_VECS];
+};
+struct bio *bio_alloc(struct block_device *bdev, unsigned int nr, blk_opf_t opf, int gfp);
+void __bio_add_page(struct bio *bio, struct page *page, unsigned int len, unsigned int off);
+int submit_bio_wait(struct bio *bio);
+void bio_put(struct bio *bio);
+
+/* An xarray of value entries: enough for a map overlay. */
+struct xarray { u64 *keys; void **vals; size_t n, cap; };
+static inline void xa_init(struct xarray *xa) { memset(xa, 0, sizeof(*xa)); }
+static inline void *xa_mk_value(unsigned long v) { return (void *)((v << 1) | 1); }
+static inline unsigned long xa_to_value(const void *e) { return (unsigned long)e >> 1; }
+static inline int xa_err(void *e) { (void)e; return 0; }
+void *xa_load(struct xarray *xa, unsigned long index);
+void *xa_store(struct xarray *xa, unsigned long index, void *entry, int gfp);
+void xa_destroy(struct xarray *xa);
 
 u32 crc32c(u32 crc, const void *p, size_t len);
 

@@ -1,12 +1,14 @@
 //! `dedup check`: offline consistency check of a metadata device.
 //!
 //! The superblock slots are classified and chosen exactly as dd_md_open()
-//! does, the superblock is held to what dd_check_sb() requires, then the
-//! three arrays are walked once (every metadata block is read at most once)
-//! and every invariant the kernel relies on is verified. With a data
-//! device, the fingerprint record of every live block is compared with the
-//! digest of its content. Problems are collected with their location;
-//! nothing is ever written.
+//! does, the superblock is held to what dd_check_sb() requires, the
+//! journal that follows it (format version 2) is read as the kernel's
+//! replay reads it, then the three arrays are walked once (every metadata
+//! block is read at most once) with the journal's new values laid over
+//! them, and every invariant the kernel relies on is verified on that
+//! state. With a data device, the fingerprint record of every live block
+//! is compared with the digest of its content. Problems are collected
+//! with their location; nothing is ever written.
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,6 +16,7 @@ use serde::Serialize;
 
 use crate::device::BlockDev;
 use crate::fingerprint::{self, Hasher};
+use crate::journal::{self, Overlay, Replay};
 use crate::ondisk::*;
 use crate::util::hex;
 
@@ -33,6 +36,10 @@ pub const STRONG_FP_SIZE: usize = 16;
 /// Live blocks whose records wait for their data to be read: enough runs
 /// to keep every core hashing, while memory stays bounded on any device.
 const VERIFY_BATCH: usize = 1 << 16;
+
+/// The owner mark of a block of the journal's run (tree blocks are marked
+/// with their array id).
+const JOURNAL_OWNER: u8 = 0xff;
 
 #[derive(Clone, Debug, Default)]
 pub struct CheckOptions {
@@ -97,6 +104,7 @@ impl Problem {
                 Some("map") => "lba",
                 Some("refcount") | Some("fingerprint") => "pba",
                 Some("saved") => "word",
+                Some("journal") => "sequence",
                 _ => "index",
             };
             parts.push(format!("{what} {i}"));
@@ -146,6 +154,12 @@ pub struct SuperblockInfo {
     /// The state saved at a clean close, 0 = none (see `Report::saved`).
     pub saved_root: u64,
     pub saved_words: u64,
+    /// Version 2: the journal's run, its epoch and id (all 0 in version
+    /// 1). See `Report::journal`.
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    pub journal_seq: u64,
+    pub journal_id: u64,
 }
 
 impl SuperblockInfo {
@@ -173,6 +187,10 @@ impl SuperblockInfo {
             format_time: sb.format_time,
             saved_root: sb.saved_root,
             saved_words: sb.saved_words,
+            journal_start: sb.journal_start,
+            journal_blocks: sb.journal_blocks,
+            journal_seq: sb.journal_seq,
+            journal_id: sb.journal_id,
         }
     }
 }
@@ -180,13 +198,16 @@ impl SuperblockInfo {
 /// What the walk counted.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
-    /// Superblock slots plus tree blocks: comparable with the
-    /// `metadata_blocks_used` the kernel reports right after activation.
+    /// Superblock slots plus tree blocks plus the journal's run: comparable
+    /// with the `metadata_blocks_used` the kernel reports right after
+    /// activation.
     pub metadata_blocks_used: u64,
     pub metadata_blocks_total: u64,
     pub map_blocks: u64,
     pub refcount_blocks: u64,
     pub fingerprint_blocks: u64,
+    /// The journal's run (0 without one).
+    pub journal_blocks: u64,
     /// Non-zero map entries.
     pub mapped_blocks: u64,
     /// Physical blocks with refcount > 0.
@@ -228,6 +249,64 @@ pub struct SavedReport {
     pub compared: bool,
 }
 
+/// The journal that follows the superblock (format version 2), as replay
+/// read it. The summary and every content check are of the state with its
+/// whole appends applied.
+#[derive(Clone, Debug, Serialize)]
+pub struct JournalReport {
+    /// The run: `blocks` blocks from block `start`.
+    pub start: u64,
+    pub blocks: u64,
+    pub id: u64,
+    /// The superblock's journal_seq: the first sequence number after its
+    /// state.
+    pub epoch: u64,
+    /// Blocks that continue the journal from the epoch (whole appends, a
+    /// torn tail, a damaged part).
+    pub blocks_in_epoch: u64,
+    /// Whole appends applied, their blocks and records.
+    pub appends: u64,
+    pub replayed_blocks: u64,
+    pub records: u64,
+    /// The first sequence number that does not continue the journal, and
+    /// why it does not.
+    pub end_seq: u64,
+    pub end: String,
+    /// Blocks after the last END: an append torn by a crash, ignored (not
+    /// an error), and the records they hold.
+    pub torn_blocks: u64,
+    pub torn_records: u64,
+    /// The counters of the last COUNTERS record applied: the state's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Counters>,
+    /// A block that continues the journal but is malformed
+    /// (`journal_damaged`): the state checked is the one before the
+    /// append it belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damage: Option<journal::Damage>,
+}
+
+impl JournalReport {
+    fn of(r: &Replay) -> JournalReport {
+        JournalReport {
+            start: r.start,
+            blocks: r.nr_blocks,
+            id: r.id,
+            epoch: r.epoch,
+            blocks_in_epoch: r.continued,
+            appends: r.appends.len() as u64,
+            replayed_blocks: r.applied_blocks(),
+            records: r.records(),
+            end_seq: r.end_seq,
+            end: r.end_text(),
+            torn_blocks: r.torn_blocks,
+            torn_records: r.torn_records,
+            counters: r.counters(),
+            damage: r.damage.clone(),
+        }
+    }
+}
+
 /// Full result of a check.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -237,6 +316,9 @@ pub struct Report {
     pub superblock: Option<SuperblockInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<Summary>,
+    /// Version 2 with sound journal fields: the journal replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saved: Option<SavedReport>,
     pub errors: u64,
@@ -474,7 +556,13 @@ impl Damaged {
 
 struct Walker<'a> {
     dev: &'a dyn BlockDev,
+    /// The state checked: the chosen superblock with the journal's
+    /// counters.
     sb: &'a Superblock,
+    /// The journal's new values, laid over the trees as replay sets them.
+    overlay: Overlay,
+    /// Whole appends replayed (a save is then stale).
+    journal_appends: u64,
     problems: Problems,
     /// Owner (array id) of each metadata block reached so far; 0 = none.
     owner: Vec<u8>,
@@ -490,8 +578,9 @@ struct Walker<'a> {
     first_placeholder: u64,
     /// The data device and the superblock's hash, to verify records.
     data: Option<(&'a (dyn BlockDev + Sync), Hasher)>,
-    /// (pba, fingerprint leaf, record) of live blocks not yet verified.
-    unverified: Vec<(u64, u64, [u8; FP_SIZE])>,
+    /// (pba, fingerprint leaf, record) of live blocks not yet verified;
+    /// no leaf for an entry only the journal holds.
+    unverified: Vec<(u64, Option<u64>, [u8; FP_SIZE])>,
     /// The save the superblock names, while it is checked.
     saved: Option<saved::SavedWalk>,
 }
@@ -526,6 +615,8 @@ impl Walker<'_> {
         let g = self.sb.geometry(id);
         let root = self.sb.root(id);
         if root == 0 {
+            // An empty array: the journal may still set entries.
+            self.absent(&g, 0, g.height);
             return;
         }
         if g.nr_entries == 0 {
@@ -582,6 +673,20 @@ impl Walker<'_> {
             return;
         }
         let owner = self.owner[b as usize];
+        if owner == JOURNAL_OWNER {
+            self.error(
+                "journal_overlap",
+                ptr_at,
+                format!(
+                    "{ptr_name} points to block {b}, inside the journal's run [{}, {}): the kernel \
+                     refuses to activate",
+                    self.sb.journal_start,
+                    self.sb.journal_start + self.sb.journal_blocks
+                ),
+            );
+            self.damaged[id as usize - 1].add(range);
+            return;
+        }
         if owner != 0 {
             let first = ArrayId::from_u8(owner).map_or("?", ArrayId::name);
             self.error(
@@ -619,6 +724,11 @@ impl Walker<'_> {
                 let off = HEADER_SIZE + slot as usize * 8;
                 let child = le64(&blk[..], off);
                 if child == 0 {
+                    // An absent subtree reads as zeros, but for what the
+                    // journal sets in it.
+                    if let Some(first_leaf) = g.child_first_leaf(leaf_base, level, slot) {
+                        self.absent(g, first_leaf, level - 1);
+                    }
                     continue;
                 }
                 match g.child_first_leaf(leaf_base, level, slot) {
@@ -691,6 +801,56 @@ impl Walker<'_> {
         if id == ArrayId::Saved {
             return self.saved_leaf(payload, first, count);
         }
+        let end = first + count as u64;
+        if self.journal_appends > 0 && self.overlay.touches(id, first, end) {
+            let mut patched = payload.to_vec();
+            self.lay_over(id, first, end, &mut patched);
+            return self.entries(g, &patched, Some(b), leaf_nr);
+        }
+        self.entries(g, payload, Some(b), leaf_nr)
+    }
+
+    /// Put the journal's values of array `id` in [first, end) into the
+    /// entries of the leaf whose first index is `first`.
+    fn lay_over(&self, id: ArrayId, first: u64, end: u64, payload: &mut [u8]) {
+        let es = id.entry_size() as usize;
+        for (i, v) in self.overlay.entries(id, first, end) {
+            let off = (i - first) as usize * es;
+            payload[off..off + es].copy_from_slice(&v[..es]);
+        }
+    }
+
+    /// A subtree that is absent (its pointer or the root is 0), at
+    /// `level`, from leaf `leaf_base`: its entries read as zero, except
+    /// those the journal sets, which replay puts into new leaves.
+    fn absent(&mut self, g: &Geometry, leaf_base: u64, level: u8) {
+        if self.journal_appends == 0 {
+            return;
+        }
+        let (first, end) = g.entry_range(leaf_base, level);
+        let set = self.overlay.entries(g.id, first, end);
+        let per_leaf = g.per_leaf as u64;
+        let mut k = 0;
+        while k < set.len() {
+            let leaf_nr = set[k].0 / per_leaf;
+            let lf = leaf_nr * per_leaf;
+            let le = lf + g.leaf_count(leaf_nr) as u64;
+            let mut payload = vec![0u8; PAYLOAD_SIZE];
+            self.lay_over(g.id, lf, le, &mut payload);
+            self.entries(g, &payload, None, leaf_nr);
+            while k < set.len() && set[k].0 < le {
+                k += 1;
+            }
+        }
+    }
+
+    /// The entries of leaf `leaf_nr` (at metadata block `b`; None for one
+    /// only the journal creates).
+    fn entries(&mut self, g: &Geometry, payload: &[u8], b: Option<u64>, leaf_nr: u64) {
+        let id = g.id;
+        let es = g.entry_size as usize;
+        let first = leaf_nr * g.per_leaf as u64;
+        let count = g.leaf_count(leaf_nr) as usize;
         if id == ArrayId::Map {
             // Counting is a random access per entry into a table of 4 bytes
             // per data block, a cache miss each on a large device: done in
@@ -718,7 +878,7 @@ impl Walker<'_> {
     }
 
     /// A map entry's checks; the PBA to count, if it is one.
-    fn map_entry(&mut self, lba: u64, v: u64, b: u64) -> Option<u64> {
+    fn map_entry(&mut self, lba: u64, v: u64, b: Option<u64>) -> Option<u64> {
         if v == 0 {
             return None;
         }
@@ -727,7 +887,7 @@ impl Walker<'_> {
             self.error(
                 "map_beyond_data",
                 At {
-                    block: Some(b),
+                    block: b,
                     ..At::entry(ArrayId::Map, lba)
                 },
                 format!(
@@ -744,13 +904,13 @@ impl Walker<'_> {
         Some(v - 1)
     }
 
-    fn refcount_entry(&mut self, pba: u64, rc: u32, b: u64) {
+    fn refcount_entry(&mut self, pba: u64, rc: u32, b: Option<u64>) {
         let refs = self.counts.take(pba);
         if rc != refs && self.damaged[ArrayId::Map as usize - 1].is_empty() {
             self.error(
                 "refcount_mismatch",
                 At {
-                    block: Some(b),
+                    block: b,
                     ..At::entry(ArrayId::Refcount, pba)
                 },
                 format!("refcount is {rc} but {refs} map entries point at it"),
@@ -770,7 +930,7 @@ impl Walker<'_> {
         }
     }
 
-    fn fingerprint_entry(&mut self, pba: u64, fp: &[u8; FP_SIZE], b: u64) {
+    fn fingerprint_entry(&mut self, pba: u64, fp: &[u8; FP_SIZE], b: Option<u64>) {
         let zero = is_zero(fp);
         if !self.live.remove(pba) {
             if !zero {
@@ -779,7 +939,7 @@ impl Walker<'_> {
             return;
         }
         let at = At {
-            block: Some(b),
+            block: b,
             ..At::entry(ArrayId::Fingerprint, pba)
         };
         if zero {
@@ -844,7 +1004,7 @@ impl Walker<'_> {
         let n = self.fp_size;
         for ((pba, b, rec), digest) in batch.into_iter().zip(digests) {
             let at = At {
-                block: Some(b),
+                block: b,
                 ..At::entry(ArrayId::Fingerprint, pba)
             };
             let s = &mut self.summary;
@@ -877,6 +1037,48 @@ impl Walker<'_> {
                     );
                 }
             }
+        }
+    }
+
+    /// What replay found wrong with the journal: damage (the kernel
+    /// refuses to activate), or a block it could not read.
+    fn check_journal(&mut self, r: &Replay) {
+        let mut at = |sev, code, block: u64, seq: u64, message: String| {
+            self.problems.push(Problem {
+                severity: sev,
+                code,
+                block: Some(block),
+                array: Some("journal"),
+                level: None,
+                index: Some(seq),
+                message,
+            })
+        };
+        if let Some(d) = &r.damage {
+            let wher = d
+                .offset
+                .map_or(String::new(), |o| format!(" (record at offset {o})"));
+            at(
+                Severity::Error,
+                "journal_damaged",
+                d.block,
+                d.seq,
+                format!(
+                    "the block continues the journal but is malformed: {}{wher}; the kernel \
+                     refuses to activate. Checked: the state before the append that starts at \
+                     sequence {} ({} blocks from there dropped by `dedup repair`)",
+                    d.why, d.append_seq, r.dropped.blocks
+                ),
+            );
+        }
+        if let journal::End::ReadError { seq, block, error } = &r.end {
+            at(
+                Severity::Error,
+                "read_error",
+                *block,
+                *seq,
+                format!("journal block cannot be read: {error}; the kernel cannot replay"),
+            );
         }
     }
 
@@ -965,7 +1167,8 @@ impl Walker<'_> {
             }
         }
         let s = &mut self.summary;
-        s.metadata_blocks_used = SB_SLOTS + s.map_blocks + s.refcount_blocks + s.fingerprint_blocks;
+        s.metadata_blocks_used =
+            SB_SLOTS + s.map_blocks + s.refcount_blocks + s.fingerprint_blocks + s.journal_blocks;
         s.metadata_blocks_total = self.sb.metadata_blocks;
         s.dedup_ratio = if s.live_blocks == 0 {
             1.0
@@ -1096,10 +1299,18 @@ pub fn superblock_rules(sb: &Superblock) -> Vec<(Severity, &'static str, String)
 }
 
 /// Superblock-level invariants, including those that involve the device
-/// and the table the user named.
+/// and the table the user named. `sb` is the state: the chosen superblock
+/// with the journal's counters.
 fn check_superblock(sb: &Superblock, dev_blocks: u64, opts: &CheckOptions, w: &mut Walker<'_>) {
     for (sev, code, msg) in superblock_rules(sb) {
         w.report(sev, code, At::sb(), msg);
+    }
+    if let Some(why) = sb.journal_fault() {
+        w.error(
+            "journal_run",
+            At::sb(),
+            format!("{why}: the kernel refuses to activate (journal fields)"),
+        );
     }
     let e = |w: &mut Walker<'_>, code, msg: String| w.error(code, At::sb(), msg);
     if sb.metadata_blocks < FIRST_TREE_BLOCK {
@@ -1109,7 +1320,9 @@ fn check_superblock(sb: &Superblock, dev_blocks: u64, opts: &CheckOptions, w: &m
             format!("metadata_blocks is {}", sb.metadata_blocks),
         );
     }
-    let need = required_blocks(sb.logical_blocks, sb.data_blocks);
+    // dd_md_open(): room for the trees at these sizes beside the journal
+    // run the superblock names (none in version 1).
+    let need = open_blocks(sb.logical_blocks, sb.data_blocks).saturating_add(sb.journal_blocks);
     if dev_blocks < need {
         e(
             w,
@@ -1189,17 +1402,19 @@ fn slot_reports(states: &[SlotState]) -> Vec<SlotReport> {
         .collect()
 }
 
-/// True if block 2 looks like a tree block of this format: what is left
-/// when both superblocks were wiped.
+/// True if block 2 looks like a tree block or a journal block of this
+/// format (where the kernel and `dedup format` put the journal): what is
+/// left when both superblocks were wiped.
 fn has_tree_blocks(dev: &dyn BlockDev) -> bool {
     let mut b = zero_block();
     if dev.read_block(FIRST_TREE_BLOCK, &mut b).is_err() || !csum_ok(&b) {
         return false;
     }
     let h = Header::decode(&b[..]);
-    (h.btype == BT_INTERIOR || h.btype == BT_LEAF)
-        && h.blocknr == FIRST_TREE_BLOCK
-        && ArrayId::from_u8(h.array).is_some()
+    h.blocknr == FIRST_TREE_BLOCK
+        && (h.btype == BT_JOURNAL
+            || ((h.btype == BT_INTERIOR || h.btype == BT_LEAF)
+                && ArrayId::from_u8(h.array).is_some()))
 }
 
 /// A fingerprint in messages: its first 8 bytes.
@@ -1281,6 +1496,7 @@ pub fn check_with_data(
                 slots,
                 superblock: None,
                 summary: None,
+                journal: None,
                 saved: None,
                 errors: problems.errors,
                 warnings: problems.warnings,
@@ -1294,9 +1510,10 @@ pub fn check_with_data(
         unreachable!()
     };
     let sb: &Superblock = sb;
-    if sb.version != FORMAT_VERSION {
+    if sb.version != FORMAT_VERSION && sb.version != FORMAT_VERSION_V1 {
         return Err(Fatal(format!(
-            "metadata format version {} is not supported (this tool knows version {FORMAT_VERSION})",
+            "metadata format version {} is not supported (this tool knows versions \
+             {FORMAT_VERSION_V1} and {FORMAT_VERSION})",
             sb.version
         )));
     }
@@ -1318,11 +1535,26 @@ pub fn check_with_data(
         .dense_limit
         .unwrap_or(DENSE_LIMIT)
         .min(sb.metadata_blocks.saturating_mul(64));
+    // The state is the superblock's with its journal replayed.
+    let replay = journal::replay(dev, sb);
+    let state = match &replay {
+        Some(r) => r.state_superblock(sb),
+        None => sb.clone(),
+    };
+    let mut owner = vec![0; sb.metadata_blocks as usize];
+    if let Some(run) = sb.journal_run() {
+        owner[run.start as usize..run.end as usize].fill(JOURNAL_OWNER);
+    }
     let mut w = Walker {
         dev,
-        sb,
+        sb: &state,
+        overlay: replay
+            .as_ref()
+            .map(|r| Overlay::of(&r.appends))
+            .unwrap_or_default(),
+        journal_appends: replay.as_ref().map_or(0, |r| r.appends.len() as u64),
         problems,
-        owner: vec![0; sb.metadata_blocks as usize],
+        owner,
         counts: Counts::new(sb.data_blocks, dense_limit),
         live: Live::new(sb.data_blocks, dense_limit),
         damaged: Default::default(),
@@ -1330,6 +1562,7 @@ pub fn check_with_data(
             data_blocks_verified: data.map(|_| 0),
             fingerprint_mismatches: data.map(|_| 0),
             data_read_errors: data.map(|_| 0),
+            journal_blocks: sb.journal_run().map_or(0, |r| r.end - r.start),
             ..Summary::default()
         },
         fp_size: (sb.fp_size as usize).min(FP_SIZE),
@@ -1359,7 +1592,10 @@ pub fn check_with_data(
             );
         }
     }
-    check_superblock(sb, dev_blocks, opts, &mut w);
+    check_superblock(&state, dev_blocks, opts, &mut w);
+    if let Some(r) = &replay {
+        w.check_journal(r);
+    }
     for id in ArrayId::ALL {
         w.walk_array(id);
     }
@@ -1370,6 +1606,7 @@ pub fn check_with_data(
         slots,
         superblock: Some(SuperblockInfo::from_sb(best as u64, sb)),
         summary: Some(w.summary.clone()),
+        journal: replay.as_ref().map(JournalReport::of),
         saved,
         errors: w.problems.errors,
         warnings: w.problems.warnings,
@@ -1377,6 +1614,53 @@ pub fn check_with_data(
         problems: w.problems.list,
     };
     Ok((report, w.contents))
+}
+
+/// The line about the journal: where it is and what replay made of it.
+pub fn journal_line(sb: &SuperblockInfo, j: Option<&JournalReport>) -> String {
+    let Some(j) = j else {
+        return if sb.version == FORMAT_VERSION_V1 {
+            "journal: none (format version 1: every flush commits the trees)".into()
+        } else {
+            "journal: unusable (see the journal_run error)".into()
+        };
+    };
+    let plural = crate::util::plural;
+    let what = if j.blocks_in_epoch == 0 {
+        "empty".to_string()
+    } else {
+        let mut w = format!(
+            "{} follow it: {} replayed ({}, {})",
+            plural(j.blocks_in_epoch, "block"),
+            plural(j.appends, "append"),
+            plural(j.replayed_blocks, "block"),
+            plural(j.records, "record")
+        );
+        if j.torn_blocks > 0 {
+            w += &format!(
+                ", then {} after the last END ignored (an append torn by a crash, {})",
+                plural(j.torn_blocks, "block"),
+                plural(j.torn_records, "record")
+            );
+        }
+        if let Some(d) = &j.damage {
+            w += &format!(
+                ", then damage at sequence {} (block {}): replayed up to the append that starts \
+                 at sequence {}",
+                d.seq, d.block, d.append_seq
+            );
+        }
+        w
+    };
+    format!(
+        "journal: {} at block {} (id {:#018x}), epoch {}: {what}; it ends at sequence {}: {}",
+        plural(j.blocks, "block"),
+        j.start,
+        j.id,
+        j.epoch,
+        j.end_seq,
+        j.end
+    )
 }
 
 /// The report as text for a person.
@@ -1398,9 +1682,10 @@ pub fn render(report: &Report, device: &str) -> String {
     if let Some(sb) = &report.superblock {
         let _ = writeln!(
             o,
-            "  using slot {} (generation {}): {} metadata, {} data, {} logical blocks; hash {} ({}-byte fingerprints); formatted {}",
+            "  using slot {} (generation {}, format version {}): {} metadata, {} data, {} logical blocks; hash {} ({}-byte fingerprints); formatted {}",
             sb.slot,
             sb.generation,
+            sb.version,
             sb.metadata_blocks,
             sb.data_blocks,
             sb.logical_blocks,
@@ -1423,15 +1708,19 @@ pub fn render(report: &Report, device: &str) -> String {
             report.unlisted_problems
         );
     }
+    if let Some(sb) = &report.superblock {
+        let _ = writeln!(o, "{}", journal_line(sb, report.journal.as_ref()));
+    }
     if let Some(s) = &report.summary {
         let _ = writeln!(
             o,
-            "metadata blocks in use: {} of {} (2 superblock slots, {} map, {} refcount, {} fingerprint)",
+            "metadata blocks in use: {} of {} (2 superblock slots, {} map, {} refcount, {} fingerprint, {} journal)",
             s.metadata_blocks_used,
             s.metadata_blocks_total,
             s.map_blocks,
             s.refcount_blocks,
-            s.fingerprint_blocks
+            s.fingerprint_blocks,
+            s.journal_blocks
         );
         let _ = writeln!(
             o,

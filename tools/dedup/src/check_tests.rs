@@ -94,7 +94,14 @@ fn clean_image() {
         (s.map_blocks, s.refcount_blocks, s.fingerprint_blocks),
         (4, 1, 3)
     );
-    assert_eq!(s.metadata_blocks_used, 2 + layout.tree_blocks);
+    // The journal's run follows the trees, as long as the sizes ask for:
+    // the 8 blocks the device has beyond required_blocks stay free.
+    assert_eq!(layout.journal_start, 2 + layout.tree_blocks);
+    let jb = journal_size(LOGICAL, DATA);
+    assert_eq!(jb, JOURNAL_MAKE_MIN);
+    assert_eq!(s.metadata_blocks_total, required_blocks(LOGICAL, DATA) + 8);
+    assert_eq!((s.journal_blocks, layout.journal_blocks), (jb, jb));
+    assert_eq!(s.metadata_blocks_used, 2 + layout.tree_blocks + jb);
     let sb = r.superblock.unwrap();
     assert_eq!((sb.slot, sb.generation), (1, 5));
     assert_eq!(r.slots[0].state, "zero");
@@ -131,7 +138,16 @@ fn formatted_empty_device_is_clean() {
     crate::writer::format(&mut d, DATA, LOGICAL, "sha256", 32, 0).unwrap();
     let r = run(&d);
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
-    assert_eq!(r.summary.unwrap().metadata_blocks_used, 2);
+    // The device has exactly the required size: the journal the sizes
+    // ask for, the smallest one for sizes this small.
+    assert_eq!(journal_size(LOGICAL, DATA), JOURNAL_MAKE_MIN);
+    assert_eq!(
+        r.summary.unwrap().metadata_blocks_used,
+        2 + JOURNAL_MAKE_MIN
+    );
+    let j = r.journal.unwrap();
+    assert_eq!((j.start, j.blocks, j.epoch), (2, JOURNAL_MAKE_MIN, 1));
+    assert_eq!((j.blocks_in_epoch, j.appends), (0, 0));
 }
 
 #[test]
@@ -461,9 +477,9 @@ fn superblock_fields() {
     assert!(r.has("needs_check"));
 
     let (mut d, _) = sample();
-    edit_sb(&mut d, |sb| sb.version = 2);
+    edit_sb(&mut d, |sb| sb.version = 3);
     let f = check(&d, &CheckOptions::default()).unwrap_err();
-    assert!(f.0.contains("version 2 is not supported"), "{f}");
+    assert!(f.0.contains("version 3 is not supported"), "{f}");
 }
 
 #[test]
@@ -534,14 +550,17 @@ fn table_mismatch() {
 fn device_smaller_than_required() {
     let spec = sample_spec();
     let mut small = spec.clone();
+    // Version 1: no room for a journal is needed to write it.
+    small.sb.version = FORMAT_VERSION_V1;
     small.sb.metadata_blocks = 15;
     assert!(required_blocks(LOGICAL, DATA) > 15);
     let (d, _) = build(&small);
     let r = run(&d);
     let p = find(&r, "device_too_small");
+    // What dd_md_open() asks of a formatted device: no journal's room.
     assert!(p
         .message
-        .contains(&format!("need {}", required_blocks(LOGICAL, DATA))));
+        .contains(&format!("need {}", open_blocks(LOGICAL, DATA))));
 }
 
 #[test]
@@ -968,10 +987,11 @@ fn good_save(d: &MemDev, layout: &Layout, spec: &ImageSpec) -> Vec<u64> {
     w
 }
 
-/// Write `words` as the save (blocks after the trees, transaction `txn`)
-/// and name it in the superblock; its root.
+/// Write `words` as the save (blocks after the trees and the journal,
+/// transaction `txn`) and name it in the superblock; its root.
 fn put_save(d: &mut MemDev, layout: &Layout, words: &[u64], txn: u64) -> u64 {
-    let first = FIRST_TREE_BLOCK + layout.tree_blocks;
+    let first =
+        (FIRST_TREE_BLOCK + layout.tree_blocks).max(layout.journal_start + layout.journal_blocks);
     let end = d.nr_blocks();
     let g = Geometry::new(ArrayId::Saved, words.len() as u64);
     let root = TreeWriter::new(d, first, end, txn)
@@ -1041,7 +1061,7 @@ fn saved_state_that_matches_is_clean() {
     assert_eq!(s.blocks, 3);
     assert_eq!(
         r.summary.as_ref().unwrap().metadata_blocks_used,
-        2 + layout.tree_blocks
+        2 + layout.tree_blocks + layout.journal_blocks
     );
     assert_eq!(r.superblock.as_ref().unwrap().saved_root, root);
     let text = render(&r, "img");
@@ -1095,8 +1115,11 @@ fn saved_state_the_kernel_would_not_load_is_a_warning() {
     let (d, _, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, 1));
     assert_stale(&run(&d), "outside the tree area");
     // The bitmap claims a block of the save itself.
-    let (d, layout, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, 2 + 8));
+    // (After the trees and the journal: see clean_image.)
+    let first = 2 + 8 + journal_size(LOGICAL, DATA);
+    let (d, layout, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, first));
     assert_eq!(layout.tree_blocks, 8);
+    assert_eq!(first, layout.journal_start + layout.journal_blocks);
     assert_stale(&run(&d), "blocks of the save itself");
 }
 
@@ -1153,8 +1176,9 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
             "1 metadata blocks the trees use are not marked used (the first is 5)",
         ),
         (
-            |w, _| set_bit(w, fmt::HEADER_WORDS as u64, 20),
-            "no tree uses them (the first is 20)",
+            // Past the trees (2..10), the journal (10..82) and the save.
+            |w, _| set_bit(w, fmt::HEADER_WORDS as u64, 90),
+            "no tree uses them (the first is 90)",
         ),
         (
             |w, l| w[(l.target_start + 1) as usize] = 1,
@@ -1215,6 +1239,7 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
     let w = good_save(&d, &layout, &spec);
     put_save(&mut d, &layout, &w, 4);
     let r = run(&d);
+    // One per block of the save.
     assert_eq!(r.errors, 3, "{:#?}", r.problems);
     assert!(r.problems.iter().all(|p| p.code == saved::WRONG));
     assert!(find(&r, saved::WRONG)
@@ -1303,4 +1328,270 @@ fn damaged_saved_state_never_panics() {
         );
         let _ = render(&r, "img");
     }
+}
+
+// ---------------------------------------------------------------------
+// Format version 2: the journal.
+
+use crate::journal::tests::{contents_of, grow, shrink, Journaled};
+
+fn collect(d: &MemDev) -> (Report, Contents) {
+    let opts = CheckOptions {
+        collect: true,
+        ..CheckOptions::default()
+    };
+    let (r, c) = check(d, &opts).unwrap();
+    (r, c.unwrap())
+}
+
+#[test]
+fn a_nonempty_journal_checks_clean_as_replayed() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    j.append(shrink);
+    j.append(|m| {
+        for x in m.iter_mut().filter(|x| (508..1016).contains(&x.0)) {
+            x.1 = (x.1 + 1) % 250;
+        }
+    });
+    for limit in [0, 1 << 28] {
+        let opts = CheckOptions {
+            collect: true,
+            dense_limit: Some(limit),
+            ..CheckOptions::default()
+        };
+        let (r, c) = check(&j.dev, &opts).unwrap();
+        assert!(r.problems.is_empty(), "{:#?}", r.problems);
+        // The state is the last append's: entries in leaves the trees
+        // have, and in leaves only the journal makes (LBA 1900, PBA 260).
+        assert_eq!(c.unwrap(), contents_of(j.last()));
+    }
+    let r = run(&j.dev);
+    let last = &j.last().sb;
+    let s = r.summary.as_ref().unwrap();
+    assert_eq!(s.mapped_blocks, last.mapped_blocks);
+    assert_eq!(s.live_blocks, last.used_data_blocks);
+    assert_eq!(s.journal_blocks, journal_size(LOGICAL, DATA));
+    // The superblock is shown as it is on the disk.
+    let sbi = r.superblock.as_ref().unwrap();
+    assert_eq!(sbi.mapped_blocks, 1200);
+    assert_eq!((sbi.version, sbi.journal_seq), (2, 1));
+    let jr = r.journal.as_ref().unwrap();
+    assert_eq!((jr.appends, jr.blocks_in_epoch), (3, jr.replayed_blocks));
+    assert_eq!((jr.end_seq, jr.torn_blocks), (j.next_seq, 0));
+    assert_eq!(jr.counters, Some(Counters::of(last)));
+    let n = jr.replayed_blocks;
+    let recs = jr.records;
+    let text = render(&r, "img");
+    let line = format!(
+        "journal: 64 blocks at block 10 (id {:#018x}), epoch 1: {n} blocks follow it: 3 appends \
+         replayed ({n} blocks, {recs} records); it ends at sequence {}: block {} (sequence {}) is \
+         all zeros (never written)",
+        j.sb.journal_id,
+        j.next_seq,
+        10 + j.next_seq,
+        j.next_seq
+    );
+    assert!(text.contains(&line), "{text}");
+    assert!(text.contains("result: clean, 0 warnings"), "{text}");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["journal"]["appends"], 3);
+    assert_eq!(
+        json["journal"]["counters"]["mapped_blocks"],
+        last.mapped_blocks
+    );
+}
+
+#[test]
+fn a_torn_tail_is_not_an_error() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    let next = j.next_state(shrink);
+    let recs = j.last().changes_to(&next);
+    let mut b = j.blocks_of(&recs).remove(0);
+    // Its first block only, without END: the rest never reached the disk.
+    b.flags = 0;
+    b.used = JournalBlock::fits(&recs[..recs.len() - 1]) as u32 * 16;
+    b.used = b.used.min(16 * 4);
+    j.dev.write_block(b.header.blocknr, &b.encode()).unwrap();
+    let (r, c) = collect(&j.dev);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(c, contents_of(&j.states[1]));
+    let jr = r.journal.as_ref().unwrap();
+    assert_eq!((jr.appends, jr.torn_blocks, jr.torn_records), (1, 1, 4));
+    let text = render(&r, "img");
+    assert!(
+        text.contains(
+            "then 1 block after the last END ignored (an append torn by a crash, 4 records)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_damaged_journal_is_an_error_and_the_state_before_it_is_checked() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    let a2 = j.append(shrink);
+    j.edit(a2, |b| b.flags |= 0x10);
+    let (r, c) = collect(&j.dev);
+    assert_eq!(codes(&r), ["journal_damaged"], "{:#?}", r.problems);
+    let p = find(&r, "journal_damaged");
+    assert_eq!((p.block, p.index), (Some(10 + a2), Some(a2)));
+    assert_eq!(p.array, Some("journal"));
+    assert_eq!(
+        p.location(),
+        format!("block {}, journal, sequence {a2}", 10 + a2)
+    );
+    assert!(p.message.contains("unknown flags 0x10"), "{}", p.message);
+    assert!(p.message.contains("refuses to activate"), "{}", p.message);
+    // The invariants hold on the state before the damaged append.
+    assert_eq!(c, contents_of(&j.states[1]));
+    assert!(render(&r, "img").contains(&format!(
+        "then damage at sequence {a2} (block {}): replayed up to the append that starts at \
+         sequence {a2}",
+        10 + a2
+    )));
+    // An append whose records break an invariant: checked after replay.
+    let mut k = Journaled::new(None);
+    let mut sb = k.last().sb.clone();
+    sb.mapped_blocks += 1;
+    k.append_records(&[
+        Record::Map { lba: 5, value: 1 },
+        Record::Counters(Counters::of(&sb)),
+    ]);
+    let r = run(&k.dev);
+    assert_eq!(
+        codes(&r),
+        ["refcount_mismatch", "counter_mismatch"],
+        "{:#?}",
+        r.problems
+    );
+    let p = find(&r, "refcount_mismatch");
+    assert!(
+        p.message.contains("refcount is 5 but 6 map entries"),
+        "{}",
+        p.message
+    );
+    // The counters are the journal's.
+    assert!(find(&r, "counter_mismatch")
+        .message
+        .contains("refcounts sum to 1200 but the superblock says mapped_blocks 1201"));
+    // A live block the journal leaves without a fingerprint: none in a
+    // leaf only the journal would make.
+    let mut k = Journaled::new(None);
+    let mut sb = k.last().sb.clone();
+    sb.mapped_blocks += 1;
+    sb.used_data_blocks += 1;
+    k.append_records(&[
+        Record::Map {
+            lba: 1990,
+            value: 291,
+        },
+        Record::Refcount { pba: 290, count: 1 },
+        Record::Counters(Counters::of(&sb)),
+    ]);
+    let r = run(&k.dev);
+    assert_eq!(codes(&r), ["missing_fingerprint"], "{:#?}", r.problems);
+    assert_eq!(find(&r, "missing_fingerprint").index, Some(290));
+}
+
+#[test]
+fn journal_fields_and_run_are_checked() {
+    // Version 1 with journal fields: the kernel refuses it.
+    let (mut d, layout) = sample();
+    edit_sb(&mut d, |sb| {
+        sb.version = FORMAT_VERSION_V1;
+        sb.journal_id = 0;
+    });
+    let r = run(&d);
+    assert_eq!(codes(&r), ["journal_run"], "{:#?}", r.problems);
+    assert!(find(&r, "journal_run")
+        .message
+        .contains("version 1 has no journal"));
+    assert!(render(&r, "img").contains("journal: none (format version 1"));
+    // Version 1 without: clean, no journal counted.
+    edit_sb(&mut d, |sb| {
+        sb.journal_start = 0;
+        sb.journal_blocks = 0;
+        sb.journal_seq = 0;
+    });
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert!(r.journal.is_none());
+    assert_eq!(
+        r.summary.unwrap().metadata_blocks_used,
+        2 + layout.tree_blocks
+    );
+    // Version 2 with a short run, or one past the device's end.
+    for (f, why) in [
+        (
+            (|sb: &mut Superblock| sb.journal_blocks = 8) as fn(&mut Superblock),
+            "fewer than 16",
+        ),
+        (
+            |sb| sb.journal_start = sb.metadata_blocks - 10,
+            "not inside",
+        ),
+        (|sb| sb.journal_id = 0, "id is 0"),
+    ] {
+        let (mut d, _) = sample();
+        edit_sb(&mut d, f);
+        let r = run(&d);
+        assert_eq!(codes(&r), ["journal_run"], "{why}: {:#?}", r.problems);
+        assert!(find(&r, "journal_run").message.contains(why));
+        assert!(r.journal.is_none());
+        assert!(render(&r, "img").contains("journal: unusable"));
+    }
+    // A run over the trees: every tree block in it is an error.
+    let (mut d, layout) = sample();
+    edit_sb(&mut d, |sb| sb.journal_start = 2);
+    let r = run(&d);
+    assert!(!r.clean());
+    let p = find(&r, "journal_overlap");
+    assert!(
+        p.message.contains("inside the journal's run [2, 66)"),
+        "{}",
+        p.message
+    );
+    assert_eq!(r.errors, 3, "the three roots: {:#?}", r.problems);
+    assert!(r
+        .problems
+        .iter()
+        .all(|p| p.code == "journal_overlap" || p.code == "refcounts_unverified"));
+    assert_eq!(layout.journal_blocks, 64);
+    assert!(layout.map_root < 66);
+}
+
+#[test]
+fn a_save_with_a_journal_after_it_is_stale() {
+    let (mut d, layout, _) = saved_sample(|_, _| {});
+    // Its bitmap may mark the journal's run, as the kernel's does.
+    let spec = sample_spec();
+    let mut w = good_save(&d, &layout, &spec);
+    for b in layout.journal_start..layout.journal_start + layout.journal_blocks {
+        set_bit(&mut w, fmt::HEADER_WORDS as u64, b);
+    }
+    put_save(&mut d, &layout, &w, spec.sb.generation());
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert!(r.saved.as_ref().unwrap().compared);
+    // An append after the superblock that names it: the kernel replays
+    // and commits instead of loading it.
+    let mut sb = Superblock::decode(d.block(1));
+    let mut next = spec.clone();
+    next.sb.unique_writes += 1;
+    let recs = spec.changes_to(&next);
+    crate::writer::write_append(&mut d, &sb, sb.journal_seq, 6, &recs).unwrap();
+    let r = run(&d);
+    assert_stale(&r, "the journal after its superblock holds 1 append");
+    // Only a torn block: the state is the save's, it still loads.
+    let (mut d, _, _) = saved_sample(|_, _| {});
+    sb = Superblock::decode(d.block(1));
+    let mut b = crate::writer::append_blocks(&sb, sb.journal_seq, 6, &recs).remove(0);
+    b.flags = 0;
+    d.write_block(b.header.blocknr, &b.encode()).unwrap();
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert!(r.saved.as_ref().unwrap().loadable);
 }

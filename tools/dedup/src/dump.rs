@@ -1,5 +1,10 @@
 //! `dedup dump` and `dedup restore`: the portable JSON form of a metadata
 //! device. The schema is documented in tools/README.md.
+//!
+//! A dump holds the state: the superblock's trees with its journal
+//! replayed. The journal's appends are dumped too, for reading; restore
+//! ignores them (their effect is already in the mappings and blocks) and
+//! writes the state as trees, with an empty journal.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -10,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{self, CheckOptions, Contents};
 use crate::device::{BlockDev, FileDev};
+use crate::journal::{self, Replay};
 use crate::ondisk::*;
 use crate::util::*;
 use crate::writer::{self, ImageSpec};
@@ -38,6 +44,159 @@ pub struct DumpSuperblock {
     pub zero_writes: u64,
     pub discarded_blocks: u64,
     pub format_time: u64,
+    /// Version 2: where the journal was and its epoch and id
+    /// (informational, like metadata_blocks: restore makes a new one).
+    #[serde(default)]
+    pub journal_start: u64,
+    #[serde(default)]
+    pub journal_blocks: u64,
+    #[serde(default)]
+    pub journal_seq: u64,
+    #[serde(default)]
+    pub journal_id: u64,
+}
+
+/// One journal record, as dumped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum DumpRecord {
+    /// `pba` null: the record unmaps the logical block.
+    Map {
+        lba: u64,
+        pba: Option<u64>,
+    },
+    Refcount {
+        pba: u64,
+        refcount: u32,
+    },
+    Fingerprint {
+        pba: u64,
+        fingerprint: String,
+    },
+    Counters {
+        mapped_blocks: u64,
+        used_data_blocks: u64,
+        unique_writes: u64,
+        duplicate_writes: u64,
+        zero_writes: u64,
+        discarded_blocks: u64,
+    },
+}
+
+impl DumpRecord {
+    pub fn of(r: &Record) -> DumpRecord {
+        match *r {
+            Record::Map { lba, value } => DumpRecord::Map {
+                lba,
+                pba: value.checked_sub(1),
+            },
+            Record::Refcount { pba, count } => DumpRecord::Refcount {
+                pba,
+                refcount: count,
+            },
+            Record::Fingerprint { pba, fp } => DumpRecord::Fingerprint {
+                pba,
+                fingerprint: hex(&fp),
+            },
+            Record::Counters(c) => DumpRecord::Counters {
+                mapped_blocks: c.mapped_blocks,
+                used_data_blocks: c.used_data_blocks,
+                unique_writes: c.unique_writes,
+                duplicate_writes: c.duplicate_writes,
+                zero_writes: c.zero_writes,
+                discarded_blocks: c.discarded_blocks,
+            },
+        }
+    }
+
+    /// One line of the dump: `{"type": "map", "lba": 3, "pba": 7}`.
+    fn line(&self) -> String {
+        match self {
+            DumpRecord::Map { lba, pba } => format!(
+                "{{\"type\": \"map\", \"lba\": {lba}, \"pba\": {}}}",
+                pba.map_or("null".to_string(), |p| p.to_string())
+            ),
+            DumpRecord::Refcount { pba, refcount } => {
+                format!("{{\"type\": \"refcount\", \"pba\": {pba}, \"refcount\": {refcount}}}")
+            }
+            DumpRecord::Fingerprint { pba, fingerprint } => format!(
+                "{{\"type\": \"fingerprint\", \"pba\": {pba}, \"fingerprint\": {}}}",
+                serde_json::Value::from(fingerprint.as_str())
+            ),
+            DumpRecord::Counters {
+                mapped_blocks,
+                used_data_blocks,
+                unique_writes,
+                duplicate_writes,
+                zero_writes,
+                discarded_blocks,
+            } => format!(
+                "{{\"type\": \"counters\", \"mapped_blocks\": {mapped_blocks}, \
+                 \"used_data_blocks\": {used_data_blocks}, \"unique_writes\": {unique_writes}, \
+                 \"duplicate_writes\": {duplicate_writes}, \"zero_writes\": {zero_writes}, \
+                 \"discarded_blocks\": {discarded_blocks}}}"
+            ),
+        }
+    }
+}
+
+/// One whole append that replay applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpAppend {
+    pub first_seq: u64,
+    pub blocks: u64,
+    pub records: Vec<DumpRecord>,
+}
+
+/// The journal that follows the dumped superblock: what replay applied to
+/// its trees to give the state dumped, and where the journal ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpJournal {
+    pub start: u64,
+    pub blocks: u64,
+    pub id: u64,
+    pub epoch: u64,
+    /// Blocks that continue the journal from the epoch.
+    pub blocks_in_epoch: u64,
+    /// The first sequence number that does not continue it, and why.
+    pub end_seq: u64,
+    pub end: String,
+    /// Blocks after the last END, ignored (an append torn by a crash).
+    pub torn_blocks: u64,
+    /// A malformed block (the dump was forced): what replay stopped at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damage: Option<String>,
+    pub appends: Vec<DumpAppend>,
+}
+
+impl DumpJournal {
+    pub fn of(r: &Replay) -> DumpJournal {
+        DumpJournal {
+            start: r.start,
+            blocks: r.nr_blocks,
+            id: r.id,
+            epoch: r.epoch,
+            blocks_in_epoch: r.continued,
+            end_seq: r.end_seq,
+            end: r.end_text(),
+            torn_blocks: r.torn_blocks,
+            damage: r.damage.as_ref().map(|d| {
+                format!(
+                    "block {} (sequence {}): {}; the appends from sequence {} on are not applied",
+                    d.block, d.seq, d.why, d.append_seq
+                )
+            }),
+            appends: r
+                .appends
+                .iter()
+                .map(|a| DumpAppend {
+                    first_seq: a.first_seq,
+                    blocks: a.blocks,
+                    records: a.records.iter().map(DumpRecord::of).collect(),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +219,10 @@ pub struct Dump {
     pub format: String,
     pub version: u32,
     pub superblock: DumpSuperblock,
+    /// Version 2: the journal replayed into the state dumped (ignored by
+    /// restore).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<DumpJournal>,
     pub mappings: Vec<Mapping>,
     pub blocks: Vec<BlockRecord>,
 }
@@ -83,6 +246,22 @@ impl DumpSuperblock {
             zero_writes: sb.zero_writes,
             discarded_blocks: sb.discarded_blocks,
             format_time: sb.format_time,
+            journal_start: sb.journal_start,
+            journal_blocks: sb.journal_blocks,
+            journal_seq: sb.journal_seq,
+            journal_id: sb.journal_id,
+        }
+    }
+
+    /// The dump of the state of `sb` on `dev`: its fields with the
+    /// journal's counters, and the journal replayed (version 2).
+    pub fn of_state(dev: &dyn BlockDev, sb: &Superblock) -> (DumpSuperblock, Option<DumpJournal>) {
+        match journal::replay(dev, sb) {
+            Some(r) => (
+                DumpSuperblock::from_sb(&r.state_superblock(sb)),
+                Some(DumpJournal::of(&r)),
+            ),
+            None => (DumpSuperblock::from_sb(sb), None),
         }
     }
 }
@@ -90,11 +269,56 @@ impl DumpSuperblock {
 /// Write `d` as JSON: the header pretty-printed, then one mapping or block
 /// per line, so that large dumps stay readable and diffable.
 pub fn write_dump(out: &mut dyn Write, sb: &DumpSuperblock, c: &Contents) -> io::Result<()> {
+    write_dump_with_journal(out, sb, c, None)
+}
+
+/// write_dump with the journal replayed into the state (version 2): its
+/// fields pretty-printed, then one record per line.
+pub fn write_dump_with_journal(
+    out: &mut dyn Write,
+    sb: &DumpSuperblock,
+    c: &Contents,
+    journal: Option<&DumpJournal>,
+) -> io::Result<()> {
     writeln!(out, "{{")?;
     writeln!(out, "  \"format\": \"{DUMP_FORMAT}\",")?;
     writeln!(out, "  \"version\": {DUMP_VERSION},")?;
     let sbj = serde_json::to_string_pretty(sb)?.replace('\n', "\n  ");
     writeln!(out, "  \"superblock\": {sbj},")?;
+    if let Some(j) = journal {
+        let head = DumpJournal {
+            appends: Vec::new(),
+            ..j.clone()
+        };
+        let hj = serde_json::to_string_pretty(&head)?.replace('\n', "\n  ");
+        // `"appends": []` is the last field: open it again.
+        let hj = hj
+            .strip_suffix("[]\n  }")
+            .expect("appends is the last field");
+        write!(out, "  \"journal\": {hj}[")?;
+        for (i, a) in j.appends.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(
+                out,
+                "{sep}\n      {{\"first_seq\": {}, \"blocks\": {}, \"records\": [",
+                a.first_seq, a.blocks
+            )?;
+            for (k, r) in a.records.iter().enumerate() {
+                let sep = if k == 0 { "" } else { "," };
+                write!(out, "{sep}\n        {}", r.line())?;
+            }
+            write!(
+                out,
+                "{}]}}",
+                if a.records.is_empty() { "" } else { "\n      " }
+            )?;
+        }
+        writeln!(
+            out,
+            "{}]\n  }},",
+            if j.appends.is_empty() { "" } else { "\n    " }
+        )?;
+    }
     write!(out, "  \"mappings\": [")?;
     for (i, &(lba, pba)) in c.mappings.iter().enumerate() {
         let sep = if i == 0 { "" } else { "," };
@@ -155,7 +379,8 @@ pub fn dump_to(
         .map_err(|e| (EXIT_OPERATIONAL, format!("cannot read the superblock: {e}")))?;
     let sb = Superblock::decode(&slot);
     let contents = contents.unwrap_or_default();
-    write_dump(out, &DumpSuperblock::from_sb(&sb), &contents)
+    let (dsb, journal) = DumpSuperblock::of_state(dev, &sb);
+    write_dump_with_journal(out, &dsb, &contents, journal.as_ref())
         .map_err(|e| (EXIT_OPERATIONAL, format!("cannot write the dump: {e}")))?;
     Ok(report)
 }
@@ -240,7 +465,7 @@ pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSp
             d.version
         ));
     }
-    if s.format_version != FORMAT_VERSION {
+    if s.format_version != FORMAT_VERSION && s.format_version != FORMAT_VERSION_V1 {
         bad(format!(
             "metadata format version {} not supported",
             s.format_version

@@ -1,6 +1,7 @@
-//! dm-dedup userspace tools: the on-disk format, the checker, the repair,
-//! the writer used by format, restore and repair, the dump format, the
-//! estimator and the status parser. The `dedup` binary is a thin command line over these.
+//! dm-dedup userspace tools: the on-disk format, the journal replay, the
+//! checker, the repair, the writer used by format, restore and repair, the
+//! dump format, the estimator and the status parser. The `dedup` binary is
+//! a thin command line over these.
 
 pub mod check;
 pub mod crc32c;
@@ -9,6 +10,7 @@ pub mod dump;
 pub mod estimate;
 pub mod fingerprint;
 pub mod fuzzing;
+pub mod journal;
 pub mod ondisk;
 pub mod repair;
 pub mod salvage;

@@ -76,6 +76,22 @@ enum Command {
 /// generation is above 2^64 - 2^32 - 1 (DD_MAX_TXN) is an error
 /// (txn_too_large): the kernel refuses to activate it.
 ///
+/// Format versions 1 and 2 are read. Version 2 has a redo journal: a run
+/// of blocks the superblock names, where each flush appends its changes.
+/// The state checked is the superblock's trees with the journal replayed
+/// as the kernel replays it: from the superblock's epoch, the blocks that
+/// carry its journal id, epoch and consecutive sequence numbers, grouped
+/// into appends that end with an END block; every whole append is
+/// applied, in order. Blocks after the last END are an append torn by a
+/// crash: ignored, and not an error. A block that continues the journal
+/// but is malformed (unknown record, record out of range, bad length or
+/// flags, an append without its final counters) is an error
+/// (journal_damaged): the kernel refuses to activate. So are journal
+/// fields the kernel refuses (journal_run) and a tree block inside the
+/// journal's run (journal_overlap). The report says where the journal is,
+/// how many blocks, appends and records follow the superblock, and where
+/// and why it ends.
+///
 /// With --data, every live block is also read from the data device and
 /// hashed with the superblock's hash, and the result compared with its
 /// fingerprint record: a block whose content no longer matches its record
@@ -168,6 +184,21 @@ struct CheckArgs {
 /// device as it was. The result is checked before the
 /// command returns.
 ///
+/// The journal (format version 2). Its whole appends are replayed into
+/// the state written, as the kernel would replay them. When a block that
+/// continues the journal is malformed, or an append does not end with its
+/// counters, the append it belongs to and everything after it are
+/// dropped, and repair says which sequence numbers, blocks and records
+/// went; the state is then the one after the last whole append before it.
+/// The new superblock has an empty journal: the same run and journal id
+/// with the epoch moved two rings on (journal_seq + 2 * journal_blocks),
+/// or, if the run cannot be used, a new run after the new trees, as long
+/// as the kernel would make it (a quarter of the trees' worst case for the
+/// sizes, 64 to 2048 blocks, halved while it does not fit beside the
+/// trees' worst case or in a free window; format version 1 if not even
+/// 64 do).
+/// A version 1 device stays version 1.
+///
 /// Every change is reported: one line per cause, listing every block it
 /// concerns as ranges; lines starting with "note:" report findings that
 /// change nothing. The data device (--data) must be the table's data
@@ -214,18 +245,30 @@ struct RepairArgs {
 
 /// Format a metadata device offline, as the kernel does on first use.
 ///
-/// Writes the superblock the kernel's dd_format() writes: generation 1 in
-/// slot 1, empty arrays, format_time = now, metadata_blocks = the device
-/// size in 4 KiB blocks; slot 0 is zeroed. The rest of the device is left
-/// as it is: nothing reachable from the superblock lives there.
+/// Writes the superblock the kernel's dd_format() writes: format version 2,
+/// generation 1 in slot 1, empty arrays, format_time = now,
+/// metadata_blocks = the device size in 4 KiB blocks, and an empty
+/// journal as the kernel makes it: a run from block 2 as long as the sizes
+/// ask for (a quarter of the trees' worst case, 64 to 2048 blocks; room
+/// the device has beyond that stays free for growing the trees), a random
+/// journal id and epoch 1; slot 0 is zeroed. The rest of the device is left as it is: nothing reachable from
+/// the superblock lives there, and no block of the old content continues
+/// the new journal (its id is new).
+///
+/// With --format-version 1 the superblock is version 1: no journal, every
+/// flush commits the trees, as the kernel did before version 2. A kernel
+/// that knows version 2 upgrades such a device in place at its first
+/// read-write activation when it finds room for a journal: a free run of
+/// the length it would format, or half of that and so on down to 64
+/// blocks, that leaves the trees' worst case its room.
 ///
 /// The sizes must be those of the table the device will be used with: the
 /// data device size (--data-blocks, or --data-dev to measure it) and the
 /// logical size (--logical-blocks or --logical-size). The device must be at
 /// least as large as the kernel requires for these sizes (twice the full
-/// trees plus two superblock slots); otherwise the needed size is printed.
-/// A device that already holds a valid superblock is refused unless
-/// --force is given.
+/// trees, two superblock slots and the journal; version 1 needs no
+/// journal's room); otherwise the needed size is printed. A device that already holds a
+/// valid superblock is refused unless --force is given.
 #[derive(Args, Debug)]
 #[command(after_long_help = concat!("EXAMPLES\n    dedup format /dev/vg/meta --data-dev /dev/vg/data --logical-size 100G\n    dmsetup create vol --table \"0 $((100 << 21)) dedup /dev/vg/meta /dev/vg/data\"\n\n", exit_codes!()))]
 struct FormatArgs {
@@ -264,6 +307,13 @@ struct FormatArgs {
     /// images).
     #[arg(long, hide = true)]
     format_time: Option<u64>,
+    /// Format version to write: 2 (with a journal) or 1 (without).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
+    format_version: u32,
+    /// The journal id to write instead of a random one (for reproducible
+    /// images); not 0.
+    #[arg(long, value_name = "ID", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
+    journal_id: Option<u64>,
 }
 
 /// Dump the content of a metadata device as portable JSON.
@@ -272,7 +322,12 @@ struct FormatArgs {
 /// errors is refused unless --force, in which case what could be read is
 /// dumped. The JSON holds the superblock's identity fields and counters,
 /// every mapped logical block as {lba, pba}, and every live physical block
-/// as {pba, refcount, fingerprint}. Its schema is in tools/README.md.
+/// as {pba, refcount, fingerprint}: the state, that is the trees with the
+/// journal (format version 2) replayed. The journal itself is dumped too:
+/// where it is, where it ends and why, and every append replay applied
+/// with its records, one per line ({"type": "map", "lba", "pba"},
+/// "refcount", "fingerprint", "counters"). Its schema is in
+/// tools/README.md.
 #[derive(Args, Debug)]
 #[command(after_long_help = concat!("EXAMPLES\n    dedup dump /dev/vg/meta -o meta.json\n    dedup restore meta.json /dev/vg/new-meta\n\n", exit_codes!()))]
 struct DumpArgs {
@@ -294,9 +349,13 @@ struct DumpArgs {
 /// without a record, a missing fingerprint, or counters that disagree.
 /// Then new trees are written from block 2 upwards, all with the dump's
 /// generation as their transaction, and the superblock last, in the slot
-/// that generation selects (the other slot is zeroed). metadata_blocks
-/// becomes the size of the target device, which must be large enough for
-/// the dump's sizes. The result is checked before the command returns.
+/// that generation selects (the other slot is zeroed). The superblock is
+/// format version 2 with an empty journal: a run right after the trees,
+/// as long as the kernel would make it (a quarter of the trees' worst case
+/// for the sizes, 64 to 2048 blocks), a new random journal id, epoch 1.
+/// A dump's journal part is not replayed again: its effect is in the
+/// dumped state. metadata_blocks becomes the size of the target device,
+/// which must be large enough for the dump's sizes. The result is checked before the command returns.
 /// A device that already holds a valid superblock is refused unless
 /// --force is given. A generation above 2^64 - 2^32 - 1 (DD_MAX_TXN, the
 /// highest the kernel accepts), from the dump or --generation, is refused
@@ -543,6 +602,10 @@ fn run_format(a: FormatArgs) -> i32 {
         err("format", "logical size too large");
         return EXIT_USAGE;
     }
+    if a.format_version == ondisk::FORMAT_VERSION_V1 && a.journal_id.is_some() {
+        err("format", "--journal-id: format version 1 has no journal");
+        return EXIT_USAGE;
+    }
     let Some(fp_size) = ondisk::hash_fp_size(&a.hash) else {
         err(
             "format",
@@ -563,7 +626,13 @@ fn run_format(a: FormatArgs) -> i32 {
     };
     let name = a.device.display().to_string();
     let have = dev.nr_blocks();
-    let need = ondisk::required_blocks(logical_blocks, data_blocks);
+    // The kernel formats version 2 (with the journal the sizes ask for)
+    // from required_blocks; it opens version 1 with that room less.
+    let need = if a.format_version == ondisk::FORMAT_VERSION_V1 {
+        ondisk::open_blocks(logical_blocks, data_blocks)
+    } else {
+        ondisk::required_blocks(logical_blocks, data_blocks)
+    };
     if have < need {
         err(
             "format",
@@ -595,19 +664,29 @@ fn run_format(a: FormatArgs) -> i32 {
         }
     }
     let time = a.format_time.unwrap_or_else(now_secs);
-    match writer::format(
+    match writer::format_as(
         &mut dev,
         data_blocks,
         logical_blocks,
         &a.hash,
         fp_size,
         time,
+        a.format_version,
+        a.journal_id,
     ) {
         Ok(sb) => {
+            let journal = if sb.journal_blocks == 0 {
+                "format version 1, no journal".to_string()
+            } else {
+                format!(
+                    "format version 2, journal of {} blocks at block {} (id {:#018x}, epoch {})",
+                    sb.journal_blocks, sb.journal_start, sb.journal_id, sb.journal_seq
+                )
+            };
             println!(
                 "formatted {name}: {} metadata blocks ({}), {data_blocks} data blocks ({}), \
                  {logical_blocks} logical blocks ({}), hash {} ({fp_size}-byte fingerprints); \
-                 generation 1 in slot 1",
+                 generation 1 in slot 1; {journal}",
                 sb.metadata_blocks,
                 human_bytes(sb.metadata_blocks << 12),
                 human_bytes(data_blocks << 12),

@@ -6,15 +6,21 @@
 //! blocks 0 and 1 are the two superblock slots, every other block is free or
 //! belongs to one of three radix trees (the map, the refcounts and the
 //! fingerprints), or to the state saved at a clean close (a fourth array,
-//! named by the superblock that closed). Every block starts with a 32-byte header and is protected
-//! by a CRC-32C of its bytes 4..4095.
+//! named by the superblock that closed), or (format version 2) to the
+//! journal's run of blocks, a ring of redo records named by the superblock.
+//! Every block starts with a 32-byte header and is protected by a CRC-32C
+//! of its bytes 4..4095.
 
 use crate::crc32c::crc32c;
 
 pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SHIFT: u32 = 12;
 pub const SB_MAGIC: u64 = 0x3130_5055_4445_4444; // "DDEDUP01"
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version the tools write (DD_FORMAT_VERSION): version 2 has
+/// the journal. Version 1 is the same without it, and is read too.
+pub const FORMAT_VERSION: u32 = 2;
+/// DD_FORMAT_VERSION_V1: no journal, the four journal fields 0.
+pub const FORMAT_VERSION_V1: u32 = 1;
 pub const SB_SLOTS: u64 = 2;
 /// DD_MAX_TXN: the highest generation (`hdr.txn`) a superblock may carry,
 /// 2^64 - 2^32 - 1. The kernel refuses a device whose superblock is above
@@ -32,6 +38,7 @@ pub const SB_KNOWN_FLAGS: u32 = SB_NEEDS_CHECK;
 pub const BT_SUPER: u32 = 0x5250_5553; // "SUPR"
 pub const BT_INTERIOR: u32 = 0x5254_4e49; // "INTR"
 pub const BT_LEAF: u32 = 0x4641_454c; // "LEAF"
+pub const BT_JOURNAL: u32 = 0x4c4e_524a; // "JRNL"
 
 pub const FP_SIZE: usize = 32;
 pub const HASH_NAME_LEN: usize = 32;
@@ -39,7 +46,31 @@ pub const HEADER_SIZE: usize = 32;
 pub const PAYLOAD_SIZE: usize = BLOCK_SIZE - HEADER_SIZE;
 pub const INTERIOR_FANOUT: u64 = (PAYLOAD_SIZE / 8) as u64; // 508
 /// Size of `struct dd_superblock` (header included).
-pub const SUPERBLOCK_SIZE: usize = 208;
+pub const SUPERBLOCK_SIZE: usize = 240;
+
+/// DD_JOURNAL_BLOCKS: the longest journal run the kernel (and these tools)
+/// make, journal_size()'s upper bound.
+pub const JOURNAL_BLOCKS: u64 = 2048;
+/// DD_JOURNAL_MAKE_MIN: the shortest run the kernel makes: journal_size()'s
+/// lower bound, and where dd_journal_make() stops halving.
+pub const JOURNAL_MAKE_MIN: u64 = 64;
+/// DD_JOURNAL_MIN_BLOCKS: the shortest run a version 2 superblock may name.
+pub const JOURNAL_MIN_BLOCKS: u64 = 16;
+/// Size of `struct dd_journal_header` (block header included).
+pub const JOURNAL_HEADER_SIZE: usize = 64;
+/// Bytes of records a journal block holds (DD_JOURNAL_PAYLOAD).
+pub const JOURNAL_PAYLOAD: usize = BLOCK_SIZE - JOURNAL_HEADER_SIZE;
+/// Journal block flag: the last block of an append (DD_JF_END).
+pub const JF_END: u32 = 0x1;
+/// Record types (enum dd_journal_record) and the key's layout.
+pub const JR_MAP: u8 = 1;
+pub const JR_REFCOUNT: u8 = 2;
+pub const JR_FINGERPRINT: u8 = 3;
+pub const JR_COUNTERS: u8 = 4;
+pub const JR_TYPE_SHIFT: u32 = 56;
+pub const JR_INDEX_MASK: u64 = (1 << JR_TYPE_SHIFT) - 1;
+/// Values of a COUNTERS record (DD_JR_NR_COUNTERS).
+pub const JR_NR_COUNTERS: usize = 6;
 
 /// Largest refcount the kernel stores (it saturates there).
 pub const REFCOUNT_MAX: u32 = u32::MAX;
@@ -98,6 +129,7 @@ pub fn type_name(t: u32) -> String {
         BT_SUPER => "SUPR".into(),
         BT_INTERIOR => "INTR".into(),
         BT_LEAF => "LEAF".into(),
+        BT_JOURNAL => "JRNL".into(),
         _ => format!("{t:#010x}"),
     }
 }
@@ -352,15 +384,40 @@ pub fn array_max_blocks(entry_size: u32, nr_entries: u64) -> u64 {
     total
 }
 
-/// dd_md_required_blocks(): the smallest metadata device (in 4 KiB blocks)
-/// the kernel accepts for these sizes. Twice the full trees, because the
-/// running transaction may shadow every committed block, plus the two
-/// superblock slots.
-pub fn required_blocks(logical_blocks: u64, data_blocks: u64) -> u64 {
+/// dd_trees_required(): what format version 1 needs (in 4 KiB blocks):
+/// the two superblock slots and twice the full trees, because the
+/// running transaction may shadow every committed block. The kernel
+/// opens no device smaller than this plus its journal's run.
+pub fn open_blocks(logical_blocks: u64, data_blocks: u64) -> u64 {
     let trees = array_max_blocks(8, logical_blocks)
         .saturating_add(array_max_blocks(4, data_blocks))
         .saturating_add(array_max_blocks(FP_SIZE as u32, data_blocks));
     SB_SLOTS.saturating_add(trees.saturating_mul(2))
+}
+
+/// dd_journal_size(): the journal a device of these sizes gets, a quarter
+/// of open_blocks() within [JOURNAL_MAKE_MIN, JOURNAL_BLOCKS]. It follows
+/// from the sizes alone, so room left for growing them stays the trees'.
+pub fn journal_size(logical_blocks: u64, data_blocks: u64) -> u64 {
+    (open_blocks(logical_blocks, data_blocks) / 4).clamp(JOURNAL_MAKE_MIN, JOURNAL_BLOCKS)
+}
+
+/// dd_md_required_blocks(): the smallest metadata device the kernel
+/// formats for these sizes: open_blocks() and the journal's run.
+pub fn required_blocks(logical_blocks: u64, data_blocks: u64) -> u64 {
+    open_blocks(logical_blocks, data_blocks)
+        .saturating_add(journal_size(logical_blocks, data_blocks))
+}
+
+/// dd_journal_make(): the journal a device of `nr_blocks` asks for:
+/// journal_size(), or None when the trees leave not even JOURNAL_MAKE_MIN
+/// blocks. A new run is that long, or as long as the trees leave if less,
+/// halved while no free window holds it, down to JOURNAL_MAKE_MIN (see
+/// `writer::new_run`).
+pub fn journal_blocks_for(nr_blocks: u64, logical_blocks: u64, data_blocks: u64) -> Option<u64> {
+    let trees = open_blocks(logical_blocks, data_blocks);
+    (nr_blocks >= trees.saturating_add(JOURNAL_MAKE_MIN))
+        .then(|| journal_size(logical_blocks, data_blocks))
 }
 
 /// Fingerprint bytes kept for the hash algorithms the kernel knows
@@ -408,10 +465,23 @@ pub struct Superblock {
     pub saved_root: u64,
     /// Its number of words.
     pub saved_words: u64,
+    /// Version 2: the journal's run of blocks, [journal_start,
+    /// journal_start + journal_blocks); 0 in version 1 (and, in a
+    /// superblock the writer is given, "make a run": see
+    /// writer::write_image).
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    /// The epoch: the sequence number of the first journal block that
+    /// follows this state.
+    pub journal_seq: u64,
+    /// Random, not 0, carried by the journal's blocks.
+    pub journal_id: u64,
 }
 
 impl Superblock {
-    /// What dd_format() fills in before its first commit.
+    /// What dd_format() fills in before its first commit: version 2, with
+    /// the journal fields 0 (the writer makes the run, as dd_format()
+    /// does with dd_journal_make()).
     pub fn new_formatted(
         metadata_blocks: u64,
         data_blocks: u64,
@@ -451,6 +521,10 @@ impl Superblock {
             format_time,
             saved_root: 0,
             saved_words: 0,
+            journal_start: 0,
+            journal_blocks: 0,
+            journal_seq: 0,
+            journal_id: 0,
         }
     }
 
@@ -497,6 +571,10 @@ impl Superblock {
             format_time: le64(b, 184),
             saved_root: le64(b, 192),
             saved_words: le64(b, 200),
+            journal_start: le64(b, 208),
+            journal_blocks: le64(b, 216),
+            journal_seq: le64(b, 224),
+            journal_id: le64(b, 232),
         }
     }
 
@@ -528,6 +606,10 @@ impl Superblock {
         put64(&mut b[..], 184, self.format_time);
         put64(&mut b[..], 192, self.saved_root);
         put64(&mut b[..], 200, self.saved_words);
+        put64(&mut b[..], 208, self.journal_start);
+        put64(&mut b[..], 216, self.journal_blocks);
+        put64(&mut b[..], 224, self.journal_seq);
+        put64(&mut b[..], 232, self.journal_id);
         seal(&mut b);
         b
     }
@@ -555,6 +637,418 @@ impl Superblock {
         self.saved_root = 0;
         self.saved_words = 0;
         self
+    }
+
+    /// Why the journal fields cannot be what this version demands, as
+    /// dd_check_sb() judges them (the kernel refuses the device: "journal
+    /// fields"): in version 1 all four are 0; in version 2 the run holds
+    /// at least JOURNAL_MIN_BLOCKS blocks inside [2, metadata_blocks) and
+    /// the id is not 0. None for another version (refused on its own).
+    pub fn journal_fault(&self) -> Option<String> {
+        let (start, n) = (self.journal_start, self.journal_blocks);
+        match self.version {
+            FORMAT_VERSION_V1 => {
+                if start != 0 || n != 0 || self.journal_seq != 0 || self.journal_id != 0 {
+                    return Some(format!(
+                        "format version 1 has no journal, but the journal fields are not 0 \
+                         (start {start}, blocks {n}, seq {}, id {:#x})",
+                        self.journal_seq, self.journal_id
+                    ));
+                }
+                None
+            }
+            FORMAT_VERSION => {
+                if n < JOURNAL_MIN_BLOCKS {
+                    return Some(format!(
+                        "the journal has {n} blocks, fewer than {JOURNAL_MIN_BLOCKS}"
+                    ));
+                }
+                let end = start.checked_add(n);
+                if start < FIRST_TREE_BLOCK || end.is_none_or(|e| e > self.metadata_blocks) {
+                    return Some(format!(
+                        "the journal's run of {n} blocks at {start} is not inside \
+                         [{FIRST_TREE_BLOCK}, {}) (metadata_blocks)",
+                        self.metadata_blocks
+                    ));
+                }
+                if self.journal_id == 0 {
+                    return Some("the journal id is 0".into());
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// The journal's run, when this is a version 2 superblock whose
+    /// journal fields are sound.
+    pub fn journal_run(&self) -> Option<std::ops::Range<u64>> {
+        (self.version == FORMAT_VERSION && self.journal_fault().is_none())
+            .then(|| self.journal_start..self.journal_start + self.journal_blocks)
+    }
+
+    /// Where the journal block of sequence number `seq` lives (the run
+    /// must be sound).
+    pub fn journal_block(&self, seq: u64) -> u64 {
+        self.journal_start + seq % self.journal_blocks
+    }
+}
+
+/// The six values of a COUNTERS record: the superblock's counters as of
+/// the end of an append.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub mapped_blocks: u64,
+    pub used_data_blocks: u64,
+    pub unique_writes: u64,
+    pub duplicate_writes: u64,
+    pub zero_writes: u64,
+    pub discarded_blocks: u64,
+}
+
+impl Counters {
+    pub fn of(sb: &Superblock) -> Counters {
+        Counters {
+            mapped_blocks: sb.mapped_blocks,
+            used_data_blocks: sb.used_data_blocks,
+            unique_writes: sb.unique_writes,
+            duplicate_writes: sb.duplicate_writes,
+            zero_writes: sb.zero_writes,
+            discarded_blocks: sb.discarded_blocks,
+        }
+    }
+
+    /// Set the superblock's counters to these.
+    pub fn apply(&self, sb: &mut Superblock) {
+        sb.mapped_blocks = self.mapped_blocks;
+        sb.used_data_blocks = self.used_data_blocks;
+        sb.unique_writes = self.unique_writes;
+        sb.duplicate_writes = self.duplicate_writes;
+        sb.zero_writes = self.zero_writes;
+        sb.discarded_blocks = self.discarded_blocks;
+    }
+
+    fn values(&self) -> [u64; JR_NR_COUNTERS] {
+        [
+            self.mapped_blocks,
+            self.used_data_blocks,
+            self.unique_writes,
+            self.duplicate_writes,
+            self.zero_writes,
+            self.discarded_blocks,
+        ]
+    }
+
+    fn from_values(v: [u64; JR_NR_COUNTERS]) -> Counters {
+        Counters {
+            mapped_blocks: v[0],
+            used_data_blocks: v[1],
+            unique_writes: v[2],
+            duplicate_writes: v[3],
+            zero_writes: v[4],
+            discarded_blocks: v[5],
+        }
+    }
+}
+
+/// One journal record (enum dd_journal_record): the new value of an entry,
+/// or the counters at the end of an append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// map[lba] = value: PBA + 1, or 0 for unmapped.
+    Map { lba: u64, value: u64 },
+    /// refcount[pba] = count (stored as a __le64 whose high half is 0).
+    Refcount { pba: u64, count: u32 },
+    /// fingerprint[pba] = the 32-byte record.
+    Fingerprint { pba: u64, fp: [u8; FP_SIZE] },
+    /// The counters as of the end of the append; index 0.
+    Counters(Counters),
+}
+
+impl Record {
+    /// Bytes of a record of `kind`, key included; None for an unknown type.
+    pub fn size_of(kind: u8) -> Option<usize> {
+        match kind {
+            JR_MAP | JR_REFCOUNT => Some(16),
+            JR_FINGERPRINT => Some(8 + FP_SIZE),
+            JR_COUNTERS => Some(8 + 8 * JR_NR_COUNTERS),
+            _ => None,
+        }
+    }
+
+    pub fn kind(&self) -> u8 {
+        match self {
+            Record::Map { .. } => JR_MAP,
+            Record::Refcount { .. } => JR_REFCOUNT,
+            Record::Fingerprint { .. } => JR_FINGERPRINT,
+            Record::Counters(_) => JR_COUNTERS,
+        }
+    }
+
+    pub fn index(&self) -> u64 {
+        match *self {
+            Record::Map { lba, .. } => lba,
+            Record::Refcount { pba, .. } | Record::Fingerprint { pba, .. } => pba,
+            Record::Counters(_) => 0,
+        }
+    }
+
+    pub fn size(&self) -> usize {
+        Record::size_of(self.kind()).expect("a known type")
+    }
+
+    /// The record's bytes: the key (type << 56 | index; the index is cut
+    /// to 56 bits, as the kernel does), then the value.
+    pub fn encode(&self) -> Vec<u8> {
+        let key = (self.kind() as u64) << JR_TYPE_SHIFT | (self.index() & JR_INDEX_MASK);
+        let mut v = key.to_le_bytes().to_vec();
+        match self {
+            Record::Map { value, .. } => v.extend_from_slice(&value.to_le_bytes()),
+            Record::Refcount { count, .. } => v.extend_from_slice(&(*count as u64).to_le_bytes()),
+            Record::Fingerprint { fp, .. } => v.extend_from_slice(fp),
+            Record::Counters(c) => {
+                for x in c.values() {
+                    v.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        v
+    }
+
+    /// The record at the start of `buf` and its size, or why it is not
+    /// one: an unknown type, a record longer than `buf`, a REFCOUNT whose
+    /// high half is not 0, a COUNTERS record with an index. Sizes are not
+    /// judged here (see `fault`).
+    pub fn decode(buf: &[u8]) -> Result<(Record, usize), String> {
+        if buf.len() < 8 {
+            return Err("a record crossing the end of the used bytes".into());
+        }
+        let key = le64(buf, 0);
+        let kind = (key >> JR_TYPE_SHIFT) as u8;
+        let index = key & JR_INDEX_MASK;
+        let Some(size) = Record::size_of(kind) else {
+            return Err(format!("unknown record type {kind}"));
+        };
+        if buf.len() < size {
+            return Err(format!(
+                "a {}-byte record of type {kind} crossing the end of the used bytes",
+                size
+            ));
+        }
+        let r = match kind {
+            JR_MAP => Record::Map {
+                lba: index,
+                value: le64(buf, 8),
+            },
+            JR_REFCOUNT => {
+                let v = le64(buf, 8);
+                if v >> 32 != 0 {
+                    return Err(format!(
+                        "refcount record of physical block {index} above 32 bits ({v:#x})"
+                    ));
+                }
+                Record::Refcount {
+                    pba: index,
+                    count: v as u32,
+                }
+            }
+            JR_FINGERPRINT => Record::Fingerprint {
+                pba: index,
+                fp: buf[8..8 + FP_SIZE].try_into().unwrap(),
+            },
+            _ => {
+                if index != 0 {
+                    return Err(format!("counters record with index {index}"));
+                }
+                let mut v = [0u64; JR_NR_COUNTERS];
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x = le64(buf, 8 + 8 * i);
+                }
+                Record::Counters(Counters::from_values(v))
+            }
+        };
+        Ok((r, size))
+    }
+
+    /// Why the record does not fit the arrays of `sb` (what the kernel's
+    /// replay refuses): an index beyond its array, or a map value beyond
+    /// the data device.
+    pub fn fault(&self, logical_blocks: u64, data_blocks: u64) -> Option<String> {
+        match *self {
+            Record::Map { lba, .. } if lba >= logical_blocks => Some(format!(
+                "map record of logical block {lba}, beyond the logical size ({logical_blocks} blocks)"
+            )),
+            Record::Map { lba, value } if value > data_blocks => Some(format!(
+                "map record of logical block {lba} to physical block {}, beyond the data device \
+                 ({data_blocks} blocks)",
+                value - 1
+            )),
+            Record::Refcount { pba, .. } | Record::Fingerprint { pba, .. } if pba >= data_blocks => {
+                Some(format!(
+                    "{} record of physical block {pba}, beyond the data device ({data_blocks} blocks)",
+                    if self.kind() == JR_REFCOUNT {
+                        "refcount"
+                    } else {
+                        "fingerprint"
+                    }
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A journal block (`struct dd_journal_header` and its records), decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalBlock {
+    /// type JRNL, blocknr where it lives, txn informational, array and
+    /// level 0.
+    pub header: Header,
+    pub journal_id: u64,
+    /// The journal_seq of the superblock it follows.
+    pub epoch: u64,
+    pub seq: u64,
+    /// Bytes of records at the start of `payload`.
+    pub used: u32,
+    /// JF_END on the last block of an append.
+    pub flags: u32,
+    /// Bytes 64..4095 of the block: `used` bytes of records, then zeros.
+    pub payload: Box<[u8; JOURNAL_PAYLOAD]>,
+}
+
+/// Why the records of a journal block cannot be replayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordFault {
+    /// Offset in the record area of the record at fault (None: the
+    /// block's own fields).
+    pub offset: Option<usize>,
+    pub why: String,
+}
+
+impl JournalBlock {
+    /// A block of `records` (which must fit: see `fits`), to live at
+    /// `blocknr`.
+    pub fn new(
+        blocknr: u64,
+        txn: u64,
+        journal_id: u64,
+        epoch: u64,
+        seq: u64,
+        records: &[Record],
+        end: bool,
+    ) -> JournalBlock {
+        let mut payload = Box::new([0u8; JOURNAL_PAYLOAD]);
+        let mut used = 0;
+        for r in records {
+            let b = r.encode();
+            payload[used..used + b.len()].copy_from_slice(&b);
+            used += b.len();
+        }
+        JournalBlock {
+            header: Header {
+                btype: BT_JOURNAL,
+                blocknr,
+                txn,
+                ..Header::default()
+            },
+            journal_id,
+            epoch,
+            seq,
+            used: used as u32,
+            flags: if end { JF_END } else { 0 },
+            payload,
+        }
+    }
+
+    /// How many of `records`, from the first, fill one block.
+    pub fn fits(records: &[Record]) -> usize {
+        let mut used = 0;
+        records
+            .iter()
+            .take_while(|r| {
+                used += r.size();
+                used <= JOURNAL_PAYLOAD
+            })
+            .count()
+    }
+
+    pub fn is_end(&self) -> bool {
+        self.flags & JF_END != 0
+    }
+
+    pub fn decode(b: &Block) -> JournalBlock {
+        JournalBlock {
+            header: Header::decode(&b[..]),
+            journal_id: le64(b, 32),
+            epoch: le64(b, 40),
+            seq: le64(b, 48),
+            used: le32(b, 56),
+            flags: le32(b, 60),
+            payload: Box::new(b[JOURNAL_HEADER_SIZE..].try_into().unwrap()),
+        }
+    }
+
+    /// The block as written, checksum included.
+    pub fn encode(&self) -> Box<Block> {
+        let mut b = zero_block();
+        self.header.encode(&mut b[..]);
+        put64(&mut b[..], 32, self.journal_id);
+        put64(&mut b[..], 40, self.epoch);
+        put64(&mut b[..], 48, self.seq);
+        put32(&mut b[..], 56, self.used);
+        put32(&mut b[..], 60, self.flags);
+        b[JOURNAL_HEADER_SIZE..].copy_from_slice(&self.payload[..]);
+        seal(&mut b);
+        b
+    }
+
+    /// The records of a block that continues the journal of a device
+    /// with these sizes, or the first reason they are malformed, as the
+    /// kernel's replay judges them: `used` above 4032 or not a multiple of
+    /// 8, unknown flags, a record that is unknown, crosses `used`, lies
+    /// beyond its array or has a non-zero REFCOUNT high half, and a block
+    /// with END whose last record is not COUNTERS.
+    pub fn records(
+        &self,
+        logical_blocks: u64,
+        data_blocks: u64,
+    ) -> Result<Vec<Record>, RecordFault> {
+        let block_fault = |why: String| RecordFault { offset: None, why };
+        if self.used as usize > JOURNAL_PAYLOAD || !self.used.is_multiple_of(8) {
+            return Err(block_fault(format!(
+                "bad record length: used is {} (a multiple of 8, at most {JOURNAL_PAYLOAD})",
+                self.used
+            )));
+        }
+        if self.flags & !JF_END != 0 {
+            return Err(block_fault(format!(
+                "unknown flags {:#x}",
+                self.flags & !JF_END
+            )));
+        }
+        let used = self.used as usize;
+        let mut v = Vec::new();
+        let mut off = 0;
+        while off < used {
+            let fault = |why: String| RecordFault {
+                offset: Some(off),
+                why,
+            };
+            let (r, size) = Record::decode(&self.payload[off..used]).map_err(fault)?;
+            if let Some(why) = r.fault(logical_blocks, data_blocks) {
+                return Err(fault(why));
+            }
+            v.push(r);
+            off += size;
+        }
+        if self.is_end() && !matches!(v.last(), Some(Record::Counters(_))) {
+            return Err(block_fault(
+                "an append that does not end with its counters (the END block's last \
+                 record is not COUNTERS)"
+                    .into(),
+            ));
+        }
+        Ok(v)
     }
 }
 
@@ -759,11 +1253,23 @@ mod tests {
         assert_eq!(array_max_blocks(8, l), 2065 + 5 + 1);
         assert_eq!(array_max_blocks(4, d), 259 + 1);
         assert_eq!(array_max_blocks(32, d), 2065 + 5 + 1);
-        assert_eq!(required_blocks(l, d), 2 + 2 * (2071 + 260 + 2071));
+        // dd_md_required_blocks(): slots, twice the trees, and a journal
+        // of a quarter of that (64 to 2048 blocks).
+        assert_eq!(open_blocks(l, d), 2 + 2 * (2071 + 260 + 2071));
+        assert_eq!(open_blocks(l, d), 8806);
+        assert_eq!(journal_size(l, d), 2048);
+        assert_eq!(required_blocks(l, d), 8806 + 2048);
         // The interface draft: 64 MiB of metadata covers this.
         assert!(required_blocks(l, d) * 4096 <= 64 << 20);
-        assert_eq!(required_blocks(0, 0), 2);
-        assert_eq!(required_blocks(1, 1), 2 + 2 * 3);
+        assert_eq!(required_blocks(0, 0), 2 + 64);
+        assert_eq!(required_blocks(1, 1), 2 + 2 * 3 + 64);
+        // 64 MiB of data, 256 MiB logical: 562 / 4.
+        assert_eq!(open_blocks(1 << 16, 1 << 14), 562);
+        assert_eq!(journal_size(1 << 16, 1 << 14), 140);
+        // dd_journal_make(): the sizes decide, the device only bounds it.
+        assert_eq!(journal_blocks_for(8806 + 63, l, d), None);
+        assert_eq!(journal_blocks_for(8806 + 64, l, d), Some(2048));
+        assert_eq!(journal_blocks_for(1 << 30, l, d), Some(2048));
     }
 
     #[test]
@@ -774,7 +1280,7 @@ mod tests {
         assert_eq!(le64(&b[..], 8), 1); // blocknr = slot 1
         assert_eq!(le64(&b[..], 16), 1); // txn
         assert_eq!(&b[32..40], b"DDEDUP01");
-        assert_eq!(le32(&b[..], 40), 1);
+        assert_eq!(le32(&b[..], 40), 2);
         assert_eq!(le32(&b[..], 44), 4096);
         assert_eq!(le64(&b[..], 48), 100);
         assert_eq!(le64(&b[..], 56), 200);
@@ -789,6 +1295,25 @@ mod tests {
         let wb = with.encode();
         assert_eq!((le64(&wb[..], 192), le64(&wb[..], 200)), (0x0102, 0x0304));
         assert!(is_zero(&wb[SUPERBLOCK_SIZE..]));
+        // The journal fields, at 208..239; nothing after them.
+        let mut j = sb.clone();
+        j.journal_start = 0x1111;
+        j.journal_blocks = 0x2222;
+        j.journal_seq = 0x3333;
+        j.journal_id = 0x4444;
+        let jb = j.encode();
+        assert_eq!(le64(&jb[..], 208), 0x1111);
+        assert_eq!(le64(&jb[..], 216), 0x2222);
+        assert_eq!(le64(&jb[..], 224), 0x3333);
+        assert_eq!(le64(&jb[..], 232), 0x4444);
+        assert!(is_zero(&jb[SUPERBLOCK_SIZE..]));
+        assert_eq!(SUPERBLOCK_SIZE, 240);
+        let mut back = Superblock::decode(&jb);
+        back.header = j.header;
+        back.header.blocknr = 1;
+        let mut want = j.clone();
+        want.header.blocknr = 1;
+        assert_eq!(back, want);
         let mut back = Superblock::decode(&wb).without_save();
         back.header.csum = stored_csum(&b);
         assert_eq!(back, Superblock::decode(&b));
@@ -801,6 +1326,203 @@ mod tests {
         });
         assert!(matches!(classify_slot(1, &b), SlotState::Valid(_)));
         assert!(matches!(classify_slot(0, &b), SlotState::Bad(_)));
+    }
+
+    #[test]
+    fn journal_fields_are_judged_as_the_kernel_does() {
+        let mut sb = Superblock::new_formatted(4000, 10, 10, "sha256", 32, 0);
+        sb.journal_start = 2;
+        sb.journal_blocks = 2048;
+        sb.journal_seq = 1;
+        sb.journal_id = 7;
+        assert_eq!(sb.journal_fault(), None);
+        assert_eq!(sb.journal_run(), Some(2..2050));
+        assert_eq!(sb.journal_block(1), 3);
+        assert_eq!(sb.journal_block(2047), 2049);
+        assert_eq!(sb.journal_block(2048), 2);
+        assert_eq!(sb.journal_block(2048 * 5 + 9), 11);
+        let bad = |f: fn(&mut Superblock)| {
+            let mut s = sb.clone();
+            f(&mut s);
+            assert!(s.journal_run().is_none());
+            s.journal_fault().unwrap()
+        };
+        assert!(bad(|s| s.journal_blocks = 15).contains("fewer than 16"));
+        assert!(bad(|s| s.journal_start = 1).contains("not inside [2, 4000)"));
+        assert!(bad(|s| s.journal_start = 4000 - 2047).contains("not inside"));
+        assert!(bad(|s| s.journal_start = u64::MAX - 10).contains("not inside"));
+        assert!(bad(|s| s.journal_id = 0).contains("id is 0"));
+        let mut v1 = sb.clone();
+        v1.version = FORMAT_VERSION_V1;
+        assert!(v1
+            .journal_fault()
+            .unwrap()
+            .contains("version 1 has no journal"));
+        v1.journal_start = 0;
+        v1.journal_blocks = 0;
+        v1.journal_seq = 0;
+        v1.journal_id = 0;
+        assert_eq!((v1.journal_fault(), v1.journal_run()), (None, None));
+        let mut s16 = sb.clone();
+        s16.journal_blocks = 16;
+        s16.journal_start = 4000 - 16;
+        assert_eq!(s16.journal_fault(), None);
+    }
+
+    fn sample_records() -> Vec<Record> {
+        let mut fp = [0u8; FP_SIZE];
+        fp.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8 + 1);
+        vec![
+            Record::Map { lba: 7, value: 3 },
+            Record::Map { lba: 8, value: 0 },
+            Record::Refcount {
+                pba: 2,
+                count: u32::MAX,
+            },
+            Record::Fingerprint { pba: 2, fp },
+            Record::Counters(Counters {
+                mapped_blocks: 1,
+                used_data_blocks: 2,
+                unique_writes: 3,
+                duplicate_writes: 4,
+                zero_writes: 5,
+                discarded_blocks: 6,
+            }),
+        ]
+    }
+
+    #[test]
+    fn records_encode_and_decode() {
+        assert_eq!(&BT_JOURNAL.to_le_bytes(), b"JRNL");
+        for r in sample_records() {
+            let b = r.encode();
+            assert_eq!(b.len(), r.size());
+            assert_eq!(le64(&b, 0) >> 56, r.kind() as u64);
+            assert_eq!(le64(&b, 0) & JR_INDEX_MASK, r.index());
+            assert_eq!(Record::decode(&b), Ok((r, b.len())));
+            // Cut short: a record crossing the end of the used bytes.
+            assert!(Record::decode(&b[..b.len() - 8])
+                .unwrap_err()
+                .contains("crossing"));
+        }
+        // The layouts of the format document.
+        let m = Record::Map { lba: 5, value: 9 }.encode();
+        assert_eq!(
+            m,
+            [&(1u64 << 56 | 5).to_le_bytes()[..], &9u64.to_le_bytes()].concat()
+        );
+        let r = Record::Refcount { pba: 4, count: 2 }.encode();
+        assert_eq!(
+            r,
+            [&(2u64 << 56 | 4).to_le_bytes()[..], &2u64.to_le_bytes()].concat()
+        );
+        assert_eq!(Record::size_of(JR_FINGERPRINT), Some(40));
+        assert_eq!(Record::size_of(JR_COUNTERS), Some(56));
+        assert_eq!(Record::size_of(0), None);
+        assert_eq!(Record::size_of(5), None);
+        // A REFCOUNT with a high half, an unknown type, COUNTERS with an
+        // index: malformed.
+        let mut hi = r.clone();
+        hi[12] = 1;
+        assert!(Record::decode(&hi).unwrap_err().contains("above 32 bits"));
+        let mut unknown = r.clone();
+        unknown[7] = 9;
+        assert!(Record::decode(&unknown)
+            .unwrap_err()
+            .contains("unknown record type 9"));
+        let mut c = sample_records()[4].encode();
+        c[0] = 1;
+        assert!(Record::decode(&c)
+            .unwrap_err()
+            .contains("counters record with index 1"));
+        // Bounds: index beyond its array, a map value beyond the data.
+        let f = |r: Record| r.fault(100, 10);
+        assert_eq!(f(Record::Map { lba: 99, value: 10 }), None);
+        assert!(f(Record::Map { lba: 100, value: 1 })
+            .unwrap()
+            .contains("logical size"));
+        assert!(f(Record::Map { lba: 1, value: 11 })
+            .unwrap()
+            .contains("physical block 10"));
+        assert!(f(Record::Refcount { pba: 10, count: 1 })
+            .unwrap()
+            .contains("refcount record"));
+        assert!(f(Record::Fingerprint {
+            pba: 10,
+            fp: [1; FP_SIZE]
+        })
+        .unwrap()
+        .contains("fingerprint record"));
+        assert_eq!(f(sample_records()[4]), None);
+    }
+
+    #[test]
+    fn journal_block_layout() {
+        let recs = sample_records();
+        let jb = JournalBlock::new(77, 9, 0xabcd, 5, 6, &recs, true);
+        let b = jb.encode();
+        assert!(csum_ok(&b));
+        assert_eq!(&b[4..8], b"JRNL");
+        assert_eq!(le64(&b[..], 8), 77);
+        assert_eq!(le64(&b[..], 16), 9);
+        assert_eq!((b[24], b[25]), (0, 0));
+        assert_eq!(le64(&b[..], 32), 0xabcd);
+        assert_eq!(le64(&b[..], 40), 5);
+        assert_eq!(le64(&b[..], 48), 6);
+        assert_eq!(le32(&b[..], 56), 16 + 16 + 16 + 40 + 56);
+        assert_eq!(le32(&b[..], 60), JF_END);
+        assert_eq!(&b[64..80], &recs[0].encode()[..]);
+        assert!(is_zero(&b[64 + 144..]));
+        let back = JournalBlock::decode(&b);
+        assert_eq!(back, {
+            let mut j = jb.clone();
+            j.header.csum = stored_csum(&b);
+            j
+        });
+        assert_eq!(back.records(100, 10), Ok(recs.clone()));
+        // Fits: 4032 bytes of whole records.
+        let maps: Vec<Record> = (0..300).map(|i| Record::Map { lba: i, value: 1 }).collect();
+        assert_eq!(JournalBlock::fits(&maps), 252);
+        let fps: Vec<Record> = (0..300)
+            .map(|i| Record::Fingerprint {
+                pba: i,
+                fp: [1; FP_SIZE],
+            })
+            .collect();
+        assert_eq!(JournalBlock::fits(&fps), 100);
+        // What makes a block's records malformed.
+        let fault = |f: fn(&mut JournalBlock)| {
+            let mut j = back.clone();
+            f(&mut j);
+            j.records(100, 10).unwrap_err()
+        };
+        assert!(fault(|j| j.used = 4040).why.contains("bad record length"));
+        assert!(fault(|j| j.used = 20).why.contains("bad record length"));
+        assert!(fault(|j| j.flags = 3).why.contains("unknown flags 0x2"));
+        let e = fault(|j| j.used = 16 + 16 + 16 + 40);
+        assert!(e.why.contains("does not end with its counters"), "{e:?}");
+        let e = fault(|j| j.used = 8);
+        assert!(e.why.contains("crossing"), "{e:?}");
+        assert_eq!(e.offset, Some(0));
+        let e = fault(|j| j.payload[16 + 7] = 0x55);
+        assert_eq!(e.offset, Some(16));
+        assert!(e.why.contains("unknown record type"));
+        // Not END: no counters needed; no records at all is fine.
+        let mut open = back.clone();
+        open.flags = 0;
+        open.used = 16;
+        assert_eq!(open.records(100, 10), Ok(recs[..1].to_vec()));
+        open.used = 0;
+        assert_eq!(open.records(100, 10), Ok(vec![]));
+        // An END block without records: its append has no counters.
+        open.flags = JF_END;
+        assert!(open.records(100, 10).is_err());
+        // Index bounds of the device.
+        let e = back.records(7, 10).unwrap_err();
+        assert!(e.why.contains("beyond the logical size"));
+        assert_eq!(e.offset, Some(0));
     }
 
     #[test]

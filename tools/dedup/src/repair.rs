@@ -15,7 +15,13 @@
 //!   placeholder record that no write matches (see
 //!   fingerprint::placeholder for why that is safe and why dropping the
 //!   mappings is not done);
-//! - records of free blocks are dropped.
+//! - records of free blocks are dropped;
+//! - the journal (format version 2) is replayed into what is written: the
+//!   whole appends that follow the superblock, up to a damaged append
+//!   (malformed records, or no final COUNTERS record), which is dropped
+//!   with everything after it. The new superblock's journal is empty: the
+//!   same run and id with the epoch two rings on, or a new run if the old
+//!   one cannot be used.
 //!
 //! The new state is written next to the old one, as a kernel commit
 //! would: trees to blocks the old state does not use, then a superblock
@@ -30,10 +36,11 @@ use serde::Serialize;
 use crate::check::{self, CheckOptions, Fatal};
 use crate::device::{BlockDev, FileDev};
 use crate::fingerprint;
+use crate::journal::{self, Overlay, Replay};
 use crate::ondisk::*;
 use crate::salvage::{choose_superblock, Chosen, Lost, Salvager, Source};
 use crate::util::*;
-use crate::writer::{write_image_beside, ImageSpec};
+use crate::writer::{fresh_journal_id, planned_journal_run, write_image_beside, ImageSpec};
 
 /// fsck's "errors corrected".
 pub const EXIT_REPAIRED: i32 = 1;
@@ -87,6 +94,12 @@ pub struct RepairSummary {
     pub placeholders: u64,
     pub stale_fingerprints_dropped: u64,
     pub data_read_errors: u64,
+    /// Whole appends of the journal replayed into the state written, and
+    /// their records.
+    pub journal_appends_replayed: u64,
+    pub journal_records_replayed: u64,
+    /// Journal blocks dropped: a damaged append and everything after it.
+    pub journal_blocks_dropped: u64,
 }
 
 /// What repair will write and why.
@@ -185,7 +198,7 @@ fn range_phrase(what: &str, first: u64, last: u64) -> String {
 }
 
 /// Fingerprint of one live block, before --data is looked at.
-enum Record {
+enum FpRecord {
     Trusted([u8; FP_SIZE]),
     Lost(String),
 }
@@ -254,14 +267,38 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         generation_before: sb.generation(),
         slot_after: new_gen % SB_SLOTS,
         generation_after: new_gen,
-        mapped_before: sb.mapped_blocks,
-        live_before: sb.used_data_blocks,
         ..RepairSummary::default()
     };
     superblock_changes(&chosen, new_gen, &mut ch);
 
     let mut s = Salvager::new(dev, &sb);
-    let in_use = s.in_use();
+    let mut in_use = s.in_use();
+    // The journal that follows the superblock: what it replays is part of
+    // the state. Its run stays reserved until the new superblock is
+    // written, so that an interrupted repair leaves the journal too.
+    let replay = journal::replay(dev, &sb);
+    let run_intact = sb
+        .journal_run()
+        .filter(|run| run.clone().all(|b| !in_use[b as usize]));
+    if let Some(run) = &run_intact {
+        in_use[run.start as usize..run.end as usize].fill(true);
+    }
+    let overlay = replay
+        .as_ref()
+        .map(|r| Overlay::of(&r.appends))
+        .unwrap_or_default();
+    let state = replay
+        .as_ref()
+        .map_or_else(|| sb.clone(), |r| r.state_superblock(&sb));
+    sum.mapped_before = state.mapped_blocks;
+    sum.live_before = state.used_data_blocks;
+    journal_changes(
+        &sb,
+        replay.as_ref(),
+        run_intact.is_some(),
+        &mut sum,
+        &mut ch,
+    );
 
     // The map: intact leaves, entries inside the data device.
     let mg = sb.geometry(ArrayId::Map);
@@ -288,17 +325,33 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         }
     });
     mappings.sort_unstable();
+    if !overlay.map.is_empty() {
+        // The journal's values win, even where a leaf was lost: replay
+        // writes each record's value whatever the entry held.
+        beyond.retain(|m| !overlay.map.contains_key(&m.0));
+        mappings = lay_over_map(&mappings, &overlay.map);
+    }
     for l in s.lost.iter().filter(|l| l.array == ArrayId::Map) {
         sum.logical_blocks_in_lost_ranges = sum
             .logical_blocks_in_lost_ranges
             .saturating_add(l.end - l.first);
+        let set = overlay
+            .map
+            .range(l.first..l.end)
+            .filter(|m| *m.1 != 0)
+            .count();
+        let except = if set > 0 {
+            format!(" but the {} the journal maps", plural(set as u64, "block"))
+        } else {
+            String::new()
+        };
         ch.add(
             "map",
             "map_lost",
             Some((l.first, l.end - 1)),
             l.end - l.first,
             format!(
-                "map: {} lost ({}: {}); they read as zeros from now on",
+                "map: {} lost ({}: {}); they read as zeros from now on{except}",
                 range_phrase("logical", l.first, l.end - 1),
                 l.node(),
                 l.reason
@@ -358,6 +411,9 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         }
     });
     old_rc.sort_unstable();
+    if !overlay.refcount.is_empty() {
+        old_rc = lay_over_sorted(&old_rc, &overlay.refcount, |&c| c != 0);
+    }
     let live_in = |a: u64, b: u64| {
         refcounts.partition_point(|r| r.0 < b) - refcounts.partition_point(|r| r.0 < a)
     };
@@ -435,6 +491,13 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
             }
         }
     });
+    // Records the journal sets are intact records too (checksummed).
+    for (&pba, fp) in &overlay.fingerprint {
+        if let Ok(k) = fps.binary_search_by_key(&pba, |f| f.0) {
+            fps[k].1 = *fp;
+            have[k] = true;
+        }
+    }
     let live_in =
         |a: u64, b: u64| fps.partition_point(|f| f.0 < b) - fps.partition_point(|f| f.0 < a);
     let lost_fp = LostRanges::of(&s.lost, ArrayId::Fingerprint);
@@ -453,11 +516,11 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         );
     }
     // Whether a live block's record can be trusted, before --data.
-    let judge = |pba: u64, rec: Option<&[u8; FP_SIZE]>| -> Record {
-        let untrusted = |why: &str| Record::Lost(why.to_string());
+    let judge = |pba: u64, rec: Option<&[u8; FP_SIZE]>| -> FpRecord {
+        let untrusted = |why: &str| FpRecord::Lost(why.to_string());
         match rec {
             None => match lost_fp.find(pba) {
-                Some(l) => Record::Lost(format!("{}: {}", l.node(), l.reason)),
+                Some(l) => FpRecord::Lost(format!("{}: {}", l.node(), l.reason)),
                 None => untrusted("no fingerprint leaf holds it"),
             },
             Some(r) if fp_size >= check::STRONG_FP_SIZE && is_zero(r) => {
@@ -475,7 +538,7 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
                 if said_free {
                     untrusted("its refcount was 0, so the record may be of earlier content")
                 } else {
-                    Record::Trusted(*r)
+                    FpRecord::Trusted(*r)
                 }
             }
         }
@@ -502,36 +565,36 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
             }
             if let Some(Err(e)) = dig {
                 sum.data_read_errors += 1;
-                if let Record::Trusted(_) = rec {
+                if let FpRecord::Trusted(_) = rec {
                     groups.add("data_unreadable", e, pba);
                 }
             }
             fps[k].1 = match (rec, dig) {
-                (Record::Trusted(r), Some(Ok((c, _)))) if *c == r => {
+                (FpRecord::Trusted(r), Some(Ok((c, _)))) if *c == r => {
                     sum.fingerprints_kept += 1;
                     sum.fingerprints_verified += 1;
                     r
                 }
-                (Record::Trusted(_), Some(Ok((c, _)))) => {
+                (FpRecord::Trusted(_), Some(Ok((c, _)))) => {
                     sum.fingerprints_replaced += 1;
                     groups.add("fingerprint_mismatch", "", pba);
                     *c
                 }
-                (Record::Trusted(r), _) => {
+                (FpRecord::Trusted(r), _) => {
                     sum.fingerprints_kept += 1;
                     r
                 }
-                (Record::Lost(why), Some(Ok((c, _)))) => {
+                (FpRecord::Lost(why), Some(Ok((c, _)))) => {
                     sum.fingerprints_recomputed += 1;
                     groups.add("fingerprint_recomputed", &why, pba);
                     *c
                 }
-                (Record::Lost(why), Some(Err(e))) => {
+                (FpRecord::Lost(why), Some(Err(e))) => {
                     sum.placeholders += 1;
                     groups.add("fingerprint_placeholder", &format!("{why}; data: {e}"), pba);
                     fingerprint::placeholder(pba, fp_size)
                 }
-                (Record::Lost(why), None) => {
+                (FpRecord::Lost(why), None) => {
                     sum.placeholders += 1;
                     groups.add("fingerprint_placeholder", &why, pba);
                     fingerprint::placeholder(pba, fp_size)
@@ -562,8 +625,8 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
     sum.mapped_after = mappings.len() as u64;
     sum.live_after = fps.len() as u64;
     for (name, old, new) in [
-        ("mapped_blocks", sb.mapped_blocks, sum.mapped_after),
-        ("used_data_blocks", sb.used_data_blocks, sum.live_after),
+        ("mapped_blocks", state.mapped_blocks, sum.mapped_after),
+        ("used_data_blocks", state.used_data_blocks, sum.live_after),
     ] {
         if old != new {
             ch.add(
@@ -576,7 +639,8 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         }
     }
 
-    let mut nsb = sb.clone();
+    // The state's counters (the journal's), the superblock's identity.
+    let mut nsb = state.clone();
     nsb.header = Header {
         btype: BT_SUPER,
         txn: new_gen,
@@ -611,17 +675,222 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
         );
     }
     nsb.flags = 0;
+    let mut spec = ImageSpec {
+        sb: nsb,
+        mappings,
+        refcounts,
+        fingerprints: fps,
+    };
+    new_journal(&sb, run_intact.is_some(), &mut spec, &in_use, &mut ch);
     Ok(Plan {
-        spec: ImageSpec {
-            sb: nsb,
-            mappings,
-            refcounts,
-            fingerprints: fps,
-        },
+        spec,
         in_use,
         changes: ch.0,
         summary: sum,
     })
+}
+
+/// `sorted` (ascending keys) with the values of `over` laid over it; the
+/// entries whose value fails `keep` are left out.
+fn lay_over_sorted<V: Copy>(
+    sorted: &[(u64, V)],
+    over: &std::collections::BTreeMap<u64, V>,
+    keep: impl Fn(&V) -> bool,
+) -> Vec<(u64, V)> {
+    let mut out = Vec::with_capacity(sorted.len() + over.len());
+    let mut o = over.iter().peekable();
+    for &(k, v) in sorted {
+        while let Some((&ok, &ov)) = o.next_if(|(&ok, _)| ok < k) {
+            if keep(&ov) {
+                out.push((ok, ov));
+            }
+        }
+        match o.next_if(|(&ok, _)| ok == k) {
+            Some((_, &ov)) if keep(&ov) => out.push((k, ov)),
+            Some(_) => {}
+            None => out.push((k, v)),
+        }
+    }
+    out.extend(o.filter(|(_, v)| keep(v)).map(|(&k, &v)| (k, v)));
+    out
+}
+
+/// The map's (lba, pba) with the journal's map records (PBA + 1, 0 =
+/// unmapped) laid over it.
+fn lay_over_map(
+    mappings: &[(u64, u64)],
+    over: &std::collections::BTreeMap<u64, u64>,
+) -> Vec<(u64, u64)> {
+    let as_values: Vec<(u64, u64)> = mappings.iter().map(|&(l, p)| (l, p + 1)).collect();
+    lay_over_sorted(&as_values, over, |&v| v != 0)
+        .into_iter()
+        .map(|(l, v)| (l, v - 1))
+        .collect()
+}
+
+/// What replay found, as changes: the appends replayed (a finding: the
+/// state is the same), a torn tail (a finding), damage (the damaged append
+/// and everything after it are dropped), a run that cannot be used.
+fn journal_changes(
+    sb: &Superblock,
+    replay: Option<&Replay>,
+    run_intact: bool,
+    sum: &mut RepairSummary,
+    ch: &mut Changes,
+) {
+    if let Some(why) = sb.journal_fault() {
+        let what = if sb.version == FORMAT_VERSION_V1 {
+            "cleared"
+        } else {
+            "its appends cannot be found and are lost; a new run is made"
+        };
+        ch.add(
+            "journal",
+            "journal_run",
+            None,
+            0,
+            format!("journal: {why}: {what}"),
+        );
+        return;
+    }
+    let Some(r) = replay else { return };
+    if !run_intact {
+        ch.add(
+            "journal",
+            "journal_run",
+            None,
+            0,
+            format!(
+                "journal: its run [{}, {}) shares blocks with the trees (the kernel refuses \
+                 that); it is replayed, and the new state gets a new run",
+                r.start,
+                r.start + r.nr_blocks
+            ),
+        );
+    }
+    sum.journal_appends_replayed = r.appends.len() as u64;
+    sum.journal_records_replayed = r.records();
+    if let (Some(first), Some(last)) = (r.appends.first(), r.appends.last()) {
+        ch.note(
+            "journal",
+            "journal_replayed",
+            r.records(),
+            format!(
+                "journal: {} ({}, sequence {} to {}, {}) replayed into the trees written",
+                plural(r.appends.len() as u64, "append"),
+                plural(r.applied_blocks(), "block"),
+                first.first_seq,
+                last.last_seq(),
+                plural(r.records(), "record")
+            ),
+        );
+    }
+    if r.torn_blocks > 0 {
+        ch.note(
+            "journal",
+            "journal_torn",
+            r.torn_records,
+            format!(
+                "journal: {} from sequence {} after the last END ignored: an append torn by a \
+                 crash, never acknowledged ({})",
+                plural(r.torn_blocks, "block"),
+                r.end_seq - r.torn_blocks,
+                plural(r.torn_records, "record")
+            ),
+        );
+    }
+    if let journal::End::ReadError { .. } = r.end {
+        ch.note(
+            "journal",
+            "journal_unreadable",
+            0,
+            format!("journal: {}; replayed up to there", r.end_text()),
+        );
+    }
+    if let Some(d) = &r.damage {
+        sum.journal_blocks_dropped = r.dropped.blocks;
+        let at = d
+            .offset
+            .map_or(String::new(), |o| format!(", record at offset {o}"));
+        ch.add(
+            "journal",
+            "journal_damaged",
+            Some((d.append_seq, r.end_seq.wrapping_sub(1))),
+            r.dropped.blocks,
+            format!(
+                "journal: block {} (sequence {}{at}) is damaged: {}; dropped from the append that \
+                 starts at sequence {} on: {} (sequence {} to {}, {} that still read, {} with END); \
+                 {}",
+                d.block,
+                d.seq,
+                d.why,
+                d.append_seq,
+                plural(r.dropped.blocks, "block"),
+                d.append_seq,
+                r.end_seq.wrapping_sub(1),
+                plural(r.dropped.records, "record"),
+                plural(r.dropped.appends, "block"),
+                if d.append_seq == r.epoch {
+                    "the state is the superblock's, no append is replayed".to_string()
+                } else {
+                    format!("the state is the one after sequence {}", d.append_seq.wrapping_sub(1))
+                }
+            ),
+        );
+    }
+}
+
+/// The journal of the state written, which is empty: in version 1 none;
+/// in version 2 the same run and id if the run is intact, with the epoch
+/// two rings on (dedup-format.rst, "Epochs and stale blocks"), or else a
+/// new run after the new trees (version 1 if there is no room for one, as
+/// the kernel keeps a device it cannot give a journal).
+fn new_journal(
+    sb: &Superblock,
+    run_intact: bool,
+    spec: &mut ImageSpec,
+    in_use: &[bool],
+    ch: &mut Changes,
+) {
+    let n = &mut spec.sb;
+    if sb.version == FORMAT_VERSION_V1 {
+        n.journal_start = 0;
+        n.journal_blocks = 0;
+        n.journal_seq = 0;
+        n.journal_id = 0;
+        return;
+    }
+    if run_intact {
+        match sb.journal_seq.checked_add(2 * sb.journal_blocks) {
+            Some(e) => n.journal_seq = e,
+            None => {
+                // The epochs ran out: a new id, so that no block of the
+                // old one continues the new journal.
+                n.journal_id = fresh_journal_id();
+                n.journal_seq = 1;
+            }
+        }
+        return;
+    }
+    n.journal_start = 0;
+    n.journal_blocks = 0;
+    n.journal_seq = 0;
+    n.journal_id = 0;
+    if planned_journal_run(spec, in_use).is_none() {
+        spec.sb.version = FORMAT_VERSION_V1;
+        ch.add(
+            "journal",
+            "journal_run",
+            None,
+            0,
+            format!(
+                "journal: no room for a new run beside the trees' worst case (the {} blocks \
+                 these sizes ask for, or a half of that down to {JOURNAL_MAKE_MIN}, in a row): \
+                 written as format version 1 (the kernel gives it a journal when it finds room)",
+                journal_size(spec.sb.logical_blocks, spec.sb.data_blocks)
+            ),
+        );
+    }
 }
 
 fn superblock_changes(c: &Chosen, new_gen: u64, ch: &mut Changes) {

@@ -721,3 +721,247 @@ fn flags_are_cleared() {
     let (r, _) = run_check(&d);
     assert_eq!(r.superblock.unwrap().flags, 0);
 }
+
+// ---------------------------------------------------------------------
+// Format version 2: the journal.
+
+use crate::journal::tests::{contents_of, grow, shrink, Journaled};
+
+#[test]
+fn repair_replays_the_journal_into_the_trees() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    j.append(shrink);
+    let before = j.sb.clone();
+    let p = plan(&j.dev, None).unwrap();
+    // Replaying changes nothing of the state: a note, not a change.
+    assert_eq!(p.changed(), 0, "{}", messages(&p));
+    assert_eq!(codes(&p), ["journal_replayed"]);
+    assert!(
+        messages(&p).contains("journal: 2 appends (2 blocks, sequence 1 to 2, "),
+        "{}",
+        messages(&p)
+    );
+    assert_eq!(p.summary.journal_appends_replayed, 2);
+    assert_eq!(p.summary.mapped_before, j.last().sb.mapped_blocks);
+    let (_, c, _) = repair_ok(&mut j.dev, None);
+    assert_eq!(c, contents_of(j.last()));
+    // The new superblock: same run and id, the epoch two rings on, its
+    // counters the journal's, and nothing follows it.
+    let (r, _) = run_check(&j.dev);
+    let sbi = r.superblock.as_ref().unwrap();
+    assert_eq!(sbi.generation, 6);
+    assert_eq!(
+        (sbi.journal_start, sbi.journal_blocks, sbi.journal_id),
+        (
+            before.journal_start,
+            before.journal_blocks,
+            before.journal_id
+        )
+    );
+    assert_eq!(sbi.journal_seq, 1 + 2 * before.journal_blocks);
+    assert_eq!(sbi.unique_writes, j.last().sb.unique_writes);
+    assert_eq!(r.journal.as_ref().unwrap().blocks_in_epoch, 0);
+    // Again: nothing to do.
+    let again = plan(&j.dev, None).unwrap();
+    assert_eq!((again.changed(), again.changes.len()), (0, 0));
+}
+
+#[test]
+fn repair_discards_a_damaged_journal_tail() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    let a2 = j.append(shrink);
+    let a3 = j.append(|m| m.push((1999, 299)));
+    // The second append's record at offset 16 of an unknown type.
+    j.edit(a2, |b| b.payload[16 + 7] = 0x7f);
+    let (r, _) = run_check(&j.dev);
+    assert_eq!(r.errors, 1);
+    let p = plan(&j.dev, None).unwrap();
+    assert_eq!(
+        codes(&p),
+        ["journal_replayed", "journal_damaged"],
+        "{}",
+        messages(&p)
+    );
+    let ch = p
+        .changes
+        .iter()
+        .find(|c| c.code == "journal_damaged")
+        .unwrap();
+    assert!(ch.changed);
+    assert_eq!((ch.first, ch.last, ch.count), (Some(a2), Some(a3), 2));
+    let recs3 = j.states[2].changes_to(&j.states[3]).len();
+    assert!(
+        ch.message.contains(&format!(
+            "journal: block {} (sequence {a2}, record at offset 16) is damaged: unknown record \
+             type 127; dropped from the append that starts at sequence {a2} on: 2 blocks \
+             (sequence {a2} to {a3}, {} records that still read, 2 blocks with END); the state \
+             is the one after sequence 1",
+            j.sb.journal_block(a2),
+            1 + recs3
+        )),
+        "{}",
+        ch.message
+    );
+    assert_eq!(p.summary.journal_blocks_dropped, 2);
+    assert_eq!(p.summary.journal_appends_replayed, 1);
+    let (_, c, _) = repair_ok(&mut j.dev, None);
+    assert_eq!(c, contents_of(&j.states[1]));
+    assert_eq!(plan(&j.dev, None).unwrap().changed(), 0);
+
+    // An append without its final COUNTERS record: dropped from there.
+    let mut k = Journaled::new(None);
+    k.append(grow);
+    let recs = k.last().changes_to(&k.next_state(shrink));
+    k.append_records(&recs[..recs.len() - 1]);
+    let p = plan(&k.dev, None).unwrap();
+    assert!(
+        messages(&p).contains("an append that does not end with its counters"),
+        "{}",
+        messages(&p)
+    );
+    let (_, c, _) = repair_ok(&mut k.dev, None);
+    assert_eq!(c, contents_of(&k.states[1]));
+}
+
+#[test]
+fn repair_keeps_a_torn_tail_out_and_says_so() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    let recs = j.last().changes_to(&j.next_state(shrink));
+    let mut b = j.blocks_of(&recs).remove(0);
+    b.flags = 0;
+    j.dev.write_block(b.header.blocknr, &b.encode()).unwrap();
+    let p = plan(&j.dev, None).unwrap();
+    assert_eq!(p.changed(), 0);
+    assert_eq!(codes(&p), ["journal_replayed", "journal_torn"]);
+    assert!(messages(&p).contains("journal: 1 block from sequence 2 after the last END ignored"));
+    let (_, c, _) = repair_ok(&mut j.dev, None);
+    assert_eq!(c, contents_of(&j.states[1]));
+}
+
+#[test]
+fn repair_makes_a_new_run_when_the_old_one_cannot_be_used() {
+    // The run over the trees (the kernel refuses it), and impossible
+    // journal fields.
+    for (f, code_why) in [
+        (
+            (|sb: &mut Superblock| sb.journal_start = 2) as fn(&mut Superblock),
+            "shares blocks with the trees",
+        ),
+        (|sb| sb.journal_id = 0, "the journal id is 0"),
+        (|sb| sb.journal_blocks = 3, "fewer than 16"),
+    ] {
+        let (mut d, l, spec) = sample();
+        let mut sb = Superblock::decode(d.block(1));
+        f(&mut sb);
+        *d.block_mut(1) = *sb.encode();
+        let (r, _) = run_check(&d);
+        assert!(!r.clean());
+        let p = plan(&d, None).unwrap();
+        assert!(codes(&p).contains(&"journal_run"), "{}", messages(&p));
+        assert!(messages(&p).contains(code_why), "{}", messages(&p));
+        let (_, c, _) = repair_ok(&mut d, None);
+        assert_mappings(&c, spec.mappings.iter().copied());
+        let (r, _) = run_check(&d);
+        let sbi = r.superblock.unwrap();
+        // As long as the sizes ask for (the device has 8 blocks more).
+        assert_eq!(
+            (sbi.version, sbi.journal_blocks),
+            (2, journal_size(LOGICAL, DATA))
+        );
+        assert_ne!(sbi.journal_id, 0);
+        // After the new trees, which avoid the old ones.
+        assert!(sbi.journal_start > 2 + l.tree_blocks);
+        assert_eq!(plan(&d, None).unwrap().changed(), 0);
+    }
+}
+
+#[test]
+fn repair_of_a_version_1_device_keeps_version_1() {
+    let mut spec = spec_with(&sample_mappings(), "sha256", 32);
+    spec.sb.version = FORMAT_VERSION_V1;
+    let (mut d, l) = build(&spec);
+    assert_eq!(l.journal_blocks, 0);
+    let leaf1 = child(&d, l.map_root, 1);
+    flip(&mut d, leaf1, 1000);
+    let (_, _, _) = repair_ok(&mut d, None);
+    let (r, _) = run_check(&d);
+    let sbi = r.superblock.unwrap();
+    assert_eq!((sbi.version, sbi.journal_blocks, sbi.journal_id), (1, 0, 0));
+    // Journal fields on a version 1 superblock are cleared.
+    let (mut d, _) = build(&spec);
+    let mut sb = Superblock::decode(d.block(1));
+    sb.journal_seq = 9;
+    *d.block_mut(1) = *sb.encode();
+    let p = plan(&d, None).unwrap();
+    assert!(messages(&p).contains("version 1 has no journal"));
+    repair_ok(&mut d, None);
+    let (r, _) = run_check(&d);
+    assert_eq!(r.superblock.unwrap().journal_seq, 0);
+}
+
+#[test]
+fn an_interrupted_repair_leaves_the_journal_too() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    let a2 = j.append(shrink);
+    j.edit(a2, |b| b.used = 4040);
+    let before = run_check(&j.dev);
+    let p = plan(&j.dev, None).unwrap();
+    // Up to the last tree block: the superblock write fails.
+    let trees = crate::writer::spec_tree_blocks(&p.spec) as usize;
+    for left in [0, 1, 5, trees] {
+        let mut f = Failing {
+            inner: j.dev.clone(),
+            left,
+        };
+        assert!(write(&mut f, &p).is_err());
+        let after = run_check(&f.inner);
+        assert_eq!(after.0.problems, before.0.problems);
+        assert_eq!(after.1, before.1);
+    }
+}
+
+#[test]
+fn a_new_epoch_that_a_stale_block_would_continue_moves_on() {
+    // The block at epoch 1 + 2 * 16 already carries that epoch (a kernel
+    // ran from it once): the repaired superblock must not replay it.
+    let mut j = Journaled::new(Some((70, 16, 1)));
+    let mut later = j.sb.clone();
+    later.journal_seq = 33;
+    let stale = crate::writer::append_blocks(
+        &later,
+        33,
+        9,
+        &[
+            Record::Map { lba: 7, value: 3 },
+            Record::Counters(Counters::default()),
+        ],
+    );
+    j.dev
+        .write_block(stale[0].header.blocknr, &stale[0].encode())
+        .unwrap();
+    let (_, c, _) = repair_ok(&mut j.dev, None);
+    assert_eq!(c, contents_of(&j.states[0]));
+    let (r, _) = run_check(&j.dev);
+    assert_eq!(r.superblock.unwrap().journal_seq, 1 + 4 * 16);
+}
+
+#[test]
+fn damage_in_the_first_append_leaves_the_superblocks_state() {
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    j.append(shrink);
+    j.edit(1, |b| b.used = 12);
+    let p = plan(&j.dev, None).unwrap();
+    assert_eq!(codes(&p), ["journal_damaged"], "{}", messages(&p));
+    assert!(
+        messages(&p).contains("the state is the superblock's, no append is replayed"),
+        "{}",
+        messages(&p)
+    );
+    let (_, c, _) = repair_ok(&mut j.dev, None);
+    assert_eq!(c, contents_of(&j.states[0]));
+}

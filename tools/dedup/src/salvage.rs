@@ -54,10 +54,13 @@ pub struct Oddity {
 /// repaired superblock could not be newer than it), or sizes the trees
 /// cannot be walked with. Counter errors are not listed: repair recomputes
 /// the counters.
+/// Journal fields dd_check_sb() refuses are not listed either: the trees
+/// and sizes are still good, and repair writes a new journal run.
 pub fn unusable(sb: &Superblock, dev_blocks: u64) -> Option<String> {
-    if sb.version != FORMAT_VERSION {
+    if sb.version != FORMAT_VERSION && sb.version != FORMAT_VERSION_V1 {
         return Some(format!(
-            "format version {} is not supported (this tool knows version {FORMAT_VERSION})",
+            "format version {} is not supported (this tool knows versions {FORMAT_VERSION_V1} \
+             and {FORMAT_VERSION})",
             sb.version
         ));
     }
@@ -196,7 +199,7 @@ pub fn choose_superblock(dev: &dyn BlockDev) -> Result<Chosen, Fatal> {
         }
         match unusable(&sb, dev_blocks) {
             Some(r) => refused.push(format!("slot {i} ({why}): {r}")),
-            None if required_blocks(sb.logical_blocks, sb.data_blocks) > dev_blocks => refused
+            None if open_blocks(sb.logical_blocks, sb.data_blocks) > dev_blocks => refused
                 .push(format!(
                     "slot {i} ({why}): its sizes do not fit the device, they are not trusted"
                 )),

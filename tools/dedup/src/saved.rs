@@ -281,6 +281,9 @@ impl SavedWalk {
                     out_of_range.add(b);
                 } else if owner.get(b as usize) == Some(&(ArrayId::Saved as u8)) {
                     on_save.add(b);
+                } else if owner.get(b as usize) == Some(&JOURNAL_OWNER) {
+                    // The journal's run is used space: the kernel marks it
+                    // whether or not the save does (dd_journal_claim_saved).
                 } else if !tree(b) {
                     unused.add(b);
                 }
@@ -450,6 +453,29 @@ impl Walker<'_> {
         self.walk_array(ArrayId::Saved);
         let trees_whole = self.damaged[..3].iter().all(Damaged::is_empty);
         let mut s = self.saved.take()?;
+        if self.journal_appends > 0 {
+            // The save describes the superblock's trees; the state is
+            // those with the journal replayed, which the kernel commits
+            // instead of loading the save.
+            let n = self.journal_appends;
+            self.warn(
+                STALE,
+                at_saved(),
+                format!(
+                    "the journal after its superblock holds {}: the kernel replays {} and \
+                     commits, and does not load the save",
+                    crate::util::plural(n, "append"),
+                    if n == 1 { "it" } else { "them" }
+                ),
+            );
+            return Some(SavedReport {
+                root: self.sb.saved_root,
+                words: self.sb.saved_words,
+                blocks: s.blocks,
+                loadable: false,
+                compared: false,
+            });
+        }
         s.judge(self.sb, &self.owner, self.summary.live_blocks);
         let loadable = !s.unreadable && s.stale.is_empty();
         for (at, why) in std::mem::take(&mut s.stale) {

@@ -13,7 +13,10 @@ use crate::util::*;
 /// The STATUSTYPE_INFO line:
 /// `<start> <len> dedup <mode> <txn> <meta used>/<meta total>
 ///  <data used>/<data total> <mapped> <unique> <duplicate> <zero>
-///  <discarded> <hash> verify|no_verify discard_passdown|no_discard_passdown`
+///  <discarded> <hash> verify|no_verify discard_passdown|no_discard_passdown
+///  [<journal used>/<journal total>]` (the last field since format version
+/// 2: journal blocks appended since the last commit, and the journal's
+/// size; 0/0 without a journal).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Status {
     pub start: u64,
@@ -32,6 +35,8 @@ pub struct Status {
     pub hash: String,
     pub verify: bool,
     pub discard_passdown: bool,
+    /// (used, total) journal blocks, from a kernel that reports them.
+    pub journal: Option<(u64, u64)>,
 }
 
 fn num(s: &str, what: &str) -> Result<u64, String> {
@@ -96,6 +101,7 @@ pub fn parse_status_line(line: &str) -> Result<Status, String> {
         hash: f[12].to_string(),
         verify,
         discard_passdown,
+        journal: f.get(15).map(|j| ratio(j, "journal blocks")).transpose()?,
     })
 }
 
@@ -171,6 +177,13 @@ pub struct Stats {
     pub hash: String,
     pub verify: bool,
     pub discard_passdown: bool,
+    /// Journal blocks appended since the last commit, and the journal's
+    /// size (0 without one: format version 1); absent from a kernel
+    /// without the journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_blocks_used: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_blocks_total: Option<u64>,
     /// Every counter of the stats message, as given.
     pub counters: BTreeMap<String, serde_json::Value>,
 }
@@ -236,6 +249,8 @@ pub fn combine(name: &str, st: &Status, msg: Option<&BTreeMap<String, String>>) 
         hash: st.hash.clone(),
         verify: st.verify,
         discard_passdown: st.discard_passdown,
+        journal_blocks_used: get("journal_blocks_used").or(st.journal.map(|j| j.0)),
+        journal_blocks_total: get("journal_blocks_total").or(st.journal.map(|j| j.1)),
         counters,
     }
 }
@@ -334,6 +349,9 @@ pub fn render(s: &Stats) -> String {
         "hash",
         "index_bytes",
     ];
+    if let Some(j) = journal_row(s) {
+        row("journal", j);
+    }
     if let Some(serde_json::Value::Number(b)) = s.counters.get("index_bytes") {
         let b = b.as_u64().unwrap_or(0);
         let per = s
@@ -345,7 +363,10 @@ pub fn render(s: &Stats) -> String {
         row("index memory", format!("{}{per}", human_bytes(b)));
     }
     for (k, v) in &s.counters {
-        if SHOWN.contains(&k.as_str()) || k == "index_bytes_per_data_block_x100" {
+        if SHOWN.contains(&k.as_str())
+            || JOURNAL_KEYS.contains(&k.as_str())
+            || k == "index_bytes_per_data_block_x100"
+        {
             continue;
         }
         let v = match v {
@@ -355,6 +376,58 @@ pub fn render(s: &Stats) -> String {
         row(&k.replace('_', " "), v);
     }
     o
+}
+
+/// The journal's counters of the stats message (dd_message_stats(),
+/// format version 2): the blocks used since the last commit and the ring's
+/// size (0: version 1, no journal), appends and blocks written,
+/// the blocks replayed at activation, and commits (checkpoints).
+const JOURNAL_KEYS: [&str; 6] = [
+    "journal_blocks_total",
+    "journal_blocks_used",
+    "journal_appends",
+    "journal_blocks_written",
+    "journal_blocks_replayed",
+    "checkpoints",
+];
+
+/// The journal row: "12 of 2048 blocks used since the last commit; 40
+/// appends (52 blocks written), 3 checkpoints; 0 blocks replayed at
+/// activation", from what the status and the message have.
+fn journal_row(s: &Stats) -> Option<String> {
+    let c = &s.counters;
+    let get = |k: &str| c.get(k).and_then(|v| v.as_u64());
+    let (total, used) = (s.journal_blocks_total, s.journal_blocks_used);
+    if total.is_none() && used.is_none() && JOURNAL_KEYS.iter().all(|k| get(k).is_none()) {
+        return None;
+    }
+    let mut parts = Vec::new();
+    match (total, used) {
+        (Some(0), _) => parts.push("none (format version 1: every flush commits the trees)".into()),
+        (Some(t), Some(u)) => parts.push(format!("{u} of {t} blocks used since the last commit")),
+        (Some(t), None) => parts.push(format!("{t} blocks")),
+        (None, Some(u)) => parts.push(format!("{u} blocks used since the last commit")),
+        (None, None) => {}
+    }
+    let mut activity = Vec::new();
+    if let Some(a) = get("journal_appends") {
+        activity.push(match get("journal_blocks_written") {
+            Some(w) => format!("{} ({} written)", plural(a, "append"), plural(w, "block")),
+            None => plural(a, "append"),
+        });
+    } else if let Some(w) = get("journal_blocks_written") {
+        activity.push(format!("{} written", plural(w, "block")));
+    }
+    if let Some(k) = get("checkpoints") {
+        activity.push(plural(k, "checkpoint"));
+    }
+    if !activity.is_empty() {
+        parts.push(activity.join(", "));
+    }
+    if let Some(r) = get("journal_blocks_replayed") {
+        parts.push(format!("{} replayed at activation", plural(r, "block")));
+    }
+    Some(parts.join("; "))
 }
 
 fn dmsetup(args: &[&str]) -> Result<String, String> {
@@ -457,6 +530,62 @@ deferred_reads 17
 discard_passdown_blocks 0
 hash sha256
 ";
+
+    #[test]
+    fn journal_counters_make_one_row() {
+        let st = &parse_status(STATUS).unwrap()[0];
+        let with = format!(
+            "{MESSAGE}journal_blocks_used 12\njournal_blocks_total 2048\njournal_appends 40\n\
+             journal_blocks_written 52\njournal_blocks_replayed 0\ncheckpoints 3\n"
+        );
+        let m = parse_message(&with).unwrap();
+        let s = combine("vol", st, Some(&m));
+        assert_eq!(
+            (s.journal_blocks_used, s.journal_blocks_total),
+            (Some(12), Some(2048))
+        );
+        let text = render(&s);
+        assert!(
+            text.contains(
+                "journal                    12 of 2048 blocks used since the last commit; 40 \
+                 appends (52 blocks written), 3 checkpoints; 0 blocks replayed at activation"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("journal blocks used"), "{text}");
+        assert!(!text.contains("checkpoints 3"), "{text}");
+        let v1 = parse_message(&format!(
+            "{MESSAGE}journal_blocks_used 0\njournal_blocks_total 0\ncheckpoints 9\n"
+        ))
+        .unwrap();
+        let text = render(&combine("vol", st, Some(&v1)));
+        assert!(
+            text.contains("none (format version 1: every flush commits the trees); 9 checkpoints"),
+            "{text}"
+        );
+        // A kernel without a journal says nothing of it.
+        let m = parse_message(MESSAGE).unwrap();
+        assert!(!render(&combine("vol", st, Some(&m))).contains("journal"));
+        // The status line's last field, without the message.
+        let with = STATUS.replace("no_discard_passdown", "no_discard_passdown 7/846");
+        let st2 = &parse_status(&with).unwrap()[0];
+        assert_eq!(st2.journal, Some((7, 846)));
+        let s = combine("vol", st2, None);
+        assert!(render(&s).contains("7 of 846 blocks used since the last commit"));
+        let j = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            (
+                j["journal_blocks_used"].clone(),
+                j["journal_blocks_total"].clone()
+            ),
+            (7.into(), 846.into())
+        );
+        assert!(
+            parse_status(&STATUS.replace("no_discard_passdown", "no_discard_passdown x/1"))
+                .is_err()
+        );
+        assert_eq!(parse_status(STATUS).unwrap()[0].journal, None);
+    }
 
     #[test]
     fn status_line() {

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use dedup_tools::device::{BlockDev, MemDev};
 use dedup_tools::ondisk::*;
-use dedup_tools::writer::{test_fingerprint, write_image, ImageSpec, Layout};
+use dedup_tools::writer::{test_fingerprint, write_append, write_image, ImageSpec, Layout};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dedup");
 
@@ -142,7 +142,7 @@ fn usage_errors_exit_16() {
 fn format_then_check() {
     let t = TempDir::new("format");
     let m = t.path("meta");
-    sized_file(&m, 4 << 20);
+    sized_file(&m, 16 << 20);
     let o = dedup(&[
         "format",
         s(&m),
@@ -175,8 +175,18 @@ fn format_then_check() {
     let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     assert_eq!(j["exit_code"], 0);
     assert_eq!(j["superblock"]["data_blocks"], 5000);
-    assert_eq!(j["superblock"]["metadata_blocks"], 1024);
-    assert_eq!(j["summary"]["metadata_blocks_used"], 2);
+    assert_eq!(j["superblock"]["metadata_blocks"], 4096);
+    // The slots and the journal's run, as long as the sizes ask for
+    // (the device's room beyond required_blocks stays free).
+    let jb = journal_size(20000, 5000);
+    assert_eq!(jb, JOURNAL_MAKE_MIN);
+    assert!(4096 > required_blocks(20000, 5000) + jb);
+    assert_eq!(j["summary"]["metadata_blocks_used"], 2 + jb);
+    assert_eq!(j["superblock"]["version"], 2);
+    assert_eq!(j["superblock"]["journal_start"], 2);
+    assert_eq!(j["superblock"]["journal_blocks"], jb);
+    assert_eq!(j["superblock"]["journal_seq"], 1);
+    assert_eq!(j["journal"]["blocks_in_epoch"], 0);
     assert_eq!(j["slots"][0]["state"], "zero");
 
     // The table disagrees: errors.
@@ -232,9 +242,33 @@ fn format_from_sizes_and_too_small() {
     assert_eq!(j["superblock"]["format_time"], 1000);
     assert_eq!(j["superblock"]["hash"], "sha256");
     assert_eq!(j["superblock"]["fp_size"], 32);
+    // These sizes ask for the longest journal.
+    assert_eq!(j["superblock"]["journal_blocks"], JOURNAL_BLOCKS);
 
+    // Too small: 1 MiB, and one block short of required_blocks (where a
+    // halved journal would fit, but the kernel formats none).
+    let need = required_blocks(1 << 20, 262144);
+    assert_eq!(need, 8806 + JOURNAL_BLOCKS);
     let small = t.path("small");
-    sized_file(&small, 1 << 20);
+    for bytes in [1 << 20, (need - 1) * 4096] {
+        sized_file(&small, bytes);
+        let o = dedup(&[
+            "format",
+            s(&small),
+            "--data-dev",
+            s(&data),
+            "--logical-size",
+            "4G",
+        ]);
+        assert_eq!(code(&o), 8);
+        assert!(
+            err(&o).contains(&format!("({need} blocks of 4 KiB)")),
+            "{}",
+            err(&o)
+        );
+        assert!(fs::read(&small).unwrap().iter().all(|&b| b == 0));
+    }
+    sized_file(&small, need * 4096);
     let o = dedup(&[
         "format",
         s(&small),
@@ -243,51 +277,96 @@ fn format_from_sizes_and_too_small() {
         "--logical-size",
         "4G",
     ]);
-    assert_eq!(code(&o), 8);
-    let need = required_blocks(1 << 20, 262144);
-    assert!(
-        err(&o).contains(&format!("({need} blocks of 4 KiB)")),
-        "{}",
-        err(&o)
-    );
+    assert_eq!(code(&o), 0, "{}", err(&o));
 }
 
 #[test]
 fn format_is_byte_identical_to_dd_format() {
     // What dd_format() + dd_bm_write_super() leave on a zeroed device,
-    // written out field by field from dedup-format.h.
+    // written out field by field from dedup-format.h: version 2 with the
+    // journal dd_journal_make() makes (dd_journal_size(): 64 blocks for
+    // these sizes, at block 2, epoch 1; the id is random, given here),
+    // and version 1 without one.
     let t = TempDir::new("format-bytes");
     let m = t.path("meta");
-    sized_file(&m, 100 * 4096);
-    let o = dedup(&[
-        "format",
-        s(&m),
-        "--data-blocks",
-        "9",
-        "--logical-blocks",
-        "17",
-        "--format-time",
-        "1234567890",
-    ]);
-    assert_eq!(code(&o), 0, "{}", err(&o));
-    let got = fs::read(&m).unwrap();
-    let mut want = vec![0u8; 100 * 4096];
-    let sb = &mut want[4096..8192];
-    sb[4..8].copy_from_slice(b"SUPR");
-    sb[8..16].copy_from_slice(&1u64.to_le_bytes()); // blocknr = slot 1
-    sb[16..24].copy_from_slice(&1u64.to_le_bytes()); // txn = generation 1
-    sb[32..40].copy_from_slice(b"DDEDUP01");
-    sb[40..44].copy_from_slice(&1u32.to_le_bytes());
-    sb[44..48].copy_from_slice(&4096u32.to_le_bytes());
-    sb[48..56].copy_from_slice(&100u64.to_le_bytes());
-    sb[56..64].copy_from_slice(&9u64.to_le_bytes());
-    sb[64..72].copy_from_slice(&17u64.to_le_bytes());
-    sb[72..78].copy_from_slice(b"sha256");
-    sb[104..108].copy_from_slice(&32u32.to_le_bytes());
-    sb[184..192].copy_from_slice(&1234567890u64.to_le_bytes());
-    let c = dedup_tools::crc32c::crc32c(&sb[4..]);
-    sb[0..4].copy_from_slice(&c.to_le_bytes());
-    assert!(got == want, "format output differs from the kernel layout");
+    let blocks = 2100u64;
+    assert_eq!(journal_size(17, 9), 64);
+    for version in [2u32, 1] {
+        sized_file(&m, blocks * 4096);
+        let mut args = vec![
+            "format",
+            s(&m),
+            "--data-blocks",
+            "9",
+            "--logical-blocks",
+            "17",
+            "--format-time",
+            "1234567890",
+            "--force",
+        ];
+        if version == 2 {
+            args.extend(["--journal-id", "81985529216486895"]);
+        } else {
+            args.extend(["--format-version", "1"]);
+        }
+        let o = dedup(&args);
+        assert_eq!(code(&o), 0, "{}", err(&o));
+        let got = fs::read(&m).unwrap();
+        let mut want = vec![0u8; blocks as usize * 4096];
+        let sb = &mut want[4096..8192];
+        sb[4..8].copy_from_slice(b"SUPR");
+        sb[8..16].copy_from_slice(&1u64.to_le_bytes()); // blocknr = slot 1
+        sb[16..24].copy_from_slice(&1u64.to_le_bytes()); // txn = generation 1
+        sb[32..40].copy_from_slice(b"DDEDUP01");
+        sb[40..44].copy_from_slice(&version.to_le_bytes());
+        sb[44..48].copy_from_slice(&4096u32.to_le_bytes());
+        sb[48..56].copy_from_slice(&blocks.to_le_bytes());
+        sb[56..64].copy_from_slice(&9u64.to_le_bytes());
+        sb[64..72].copy_from_slice(&17u64.to_le_bytes());
+        sb[72..78].copy_from_slice(b"sha256");
+        sb[104..108].copy_from_slice(&32u32.to_le_bytes());
+        sb[184..192].copy_from_slice(&1234567890u64.to_le_bytes());
+        if version == 2 {
+            sb[208..216].copy_from_slice(&2u64.to_le_bytes()); // journal_start
+            sb[216..224].copy_from_slice(&64u64.to_le_bytes()); // journal_blocks
+            sb[224..232].copy_from_slice(&1u64.to_le_bytes()); // journal_seq
+            sb[232..240].copy_from_slice(&0x0123_4567_89ab_cdefu64.to_le_bytes());
+        }
+        let c = dedup_tools::crc32c::crc32c(&sb[4..]);
+        sb[0..4].copy_from_slice(&c.to_le_bytes());
+        assert!(
+            got == want,
+            "version {version}: format output differs from the kernel layout"
+        );
+        let o = dedup(&["check", s(&m)]);
+        assert_eq!(code(&o), 0, "{}", out(&o));
+        let want_line = if version == 2 {
+            "journal: 64 blocks at block 2 (id 0x0123456789abcdef), epoch 1: empty; it ends at \
+             sequence 1: block 3 (sequence 1) is all zeros (never written)"
+        } else {
+            "journal: none (format version 1: every flush commits the trees)"
+        };
+        assert!(out(&o).contains(want_line), "{}", out(&o));
+        assert!(out(&o).contains(&format!("format version {version})")));
+    }
+    // A journal id is version 2's; versions other than 1 and 2 are refused.
+    for bad in [
+        &["--format-version", "1", "--journal-id", "5"][..],
+        &["--format-version", "3"],
+        &["--journal-id", "0"],
+    ] {
+        let mut args = vec![
+            "format",
+            s(&m),
+            "--data-blocks",
+            "9",
+            "--logical-blocks",
+            "17",
+            "--force",
+        ];
+        args.extend(bad);
+        assert_eq!(code(&dedup(&args)), 16, "{bad:?}");
+    }
 }
 
 #[test]
@@ -375,10 +454,28 @@ fn dump_restore_round_trip() {
     let d2: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     assert_eq!(d2["mappings"], d["mappings"]);
     assert_eq!(d2["blocks"], d["blocks"]);
+    // A new journal: the same place after the trees, a new id, empty.
+    assert_eq!(d["journal"]["appends"], serde_json::json!([]));
+    assert_eq!(d2["journal"]["appends"], serde_json::json!([]));
+    assert_eq!(d2["journal"]["epoch"], 1);
+    assert_ne!(
+        d2["superblock"]["journal_id"],
+        d["superblock"]["journal_id"]
+    );
+    // On either device, the journal is as long as the sizes ask for: the
+    // room beyond required_blocks (10 blocks, then 1 MiB more) stays free.
+    let big = fs::metadata(&m2).unwrap().len() / 4096;
+    let need = required_blocks(spec.sb.logical_blocks, spec.sb.data_blocks);
+    let jb = journal_size(spec.sb.logical_blocks, spec.sb.data_blocks);
+    assert!(big > need + 256);
+    assert_eq!(d["superblock"]["journal_blocks"], jb);
+    assert_eq!(d2["superblock"]["journal_blocks"], jb);
     let mut s1 = d["superblock"].clone();
     let mut s2 = d2["superblock"].clone();
-    s1["metadata_blocks"] = 0.into();
-    s2["metadata_blocks"] = 0.into();
+    for f in ["metadata_blocks", "journal_id"] {
+        s1[f] = 0.into();
+        s2[f] = 0.into();
+    }
     assert_eq!(s1, s2);
     assert_eq!(
         d2["superblock"]["metadata_blocks"],
@@ -392,6 +489,7 @@ fn dump_restore_round_trip() {
     let mut mem = MemDev::new(dev.nr_blocks());
     let mut sp = spec.clone();
     sp.sb.metadata_blocks = dev.nr_blocks();
+    sp.sb.journal_id = d2["superblock"]["journal_id"].as_u64().unwrap();
     write_image(&mut mem, &sp).unwrap();
     assert!(
         mem.bytes == dev.bytes,
@@ -961,11 +1059,14 @@ fn check_with_the_data_device() {
     assert!(err(&o).contains("--data"), "{}", err(&o));
 }
 
-/// How many metadata blocks the image's trees use, as `check --json` says.
+/// The superblock slots and the blocks of the image's trees, as `check
+/// --json` counts them (not the journal's run, which follows the trees):
+/// the trees are blocks [2, this).
 fn metadata_blocks_used(m: &Path) -> u64 {
     let o = dedup(&["check", s(m), "--json"]);
     let j: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     j["summary"]["metadata_blocks_used"].as_u64().unwrap()
+        - j["summary"]["journal_blocks"].as_u64().unwrap()
 }
 
 /// Deterministic pseudo-random bytes (xorshift64): metadata that is
@@ -980,4 +1081,151 @@ fn garbage_bytes(len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// The sample image with two appends in its journal (LBAs 1, 4, .., 13
+/// mapped to new blocks 2000..2005, then LBA 7 unmapped), as the kernel
+/// leaves it at a flush; the state after them.
+fn journaled_image(p: &Path) -> (ImageSpec, Superblock) {
+    let spec = sample_image(p);
+    let mut d = MemDev::from_bytes(fs::read(p).unwrap());
+    let sb = Superblock::decode(d.block(spec.sb.slot()));
+    type Edit = dyn Fn(&mut Vec<(u64, u64)>);
+    let step = |from: &ImageSpec, f: &Edit| {
+        let mut m = from.mappings.clone();
+        f(&mut m);
+        m.sort_unstable();
+        let mut s = from.sb.clone();
+        s.unique_writes += 5;
+        ImageSpec::consistent(s, &m, test_fingerprint)
+    };
+    let a = step(&spec, &|m| m.extend((0..5).map(|k| (3 * k + 1, 2000 + k))));
+    let b = step(&a, &|m| m.retain(|x| x.0 != 7));
+    let seq = write_append(&mut d, &sb, sb.journal_seq, 13, &spec.changes_to(&a)).unwrap();
+    write_append(&mut d, &sb, seq, 13, &a.changes_to(&b)).unwrap();
+    fs::write(p, &d.bytes).unwrap();
+    (b, sb)
+}
+
+#[test]
+fn a_journal_is_checked_dumped_restored_and_repaired() {
+    let t = TempDir::new("journal");
+    let m = t.path("meta");
+    let (state, sb) = journaled_image(&m);
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    let text = out(&o);
+    let line = format!(
+        "journal: {} blocks at block {} (id {:#018x}), epoch 1: 2 blocks follow it: 2 appends \
+         replayed (2 blocks, 19 records); it ends at sequence 3: block {} (sequence 3) is all \
+         zeros (never written)",
+        sb.journal_blocks,
+        sb.journal_start,
+        sb.journal_id,
+        sb.journal_start + 3
+    );
+    assert!(text.contains(&line), "{text}");
+    assert!(
+        text.contains("mapped logical blocks: 3004, live physical blocks: 904"),
+        "{text}"
+    );
+
+    // The dump: the state, and the appends one record per line.
+    let o = dedup(&["dump", s(&m)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let dump = out(&o);
+    for l in [
+        "  \"journal\": {",
+        "    \"epoch\": 1,",
+        "    \"blocks_in_epoch\": 2,",
+        "    \"appends\": [",
+        "      {\"first_seq\": 1, \"blocks\": 1, \"records\": [",
+        "        {\"type\": \"map\", \"lba\": 1, \"pba\": 2000},",
+        "        {\"type\": \"refcount\", \"pba\": 2000, \"refcount\": 1},",
+        "      {\"first_seq\": 2, \"blocks\": 1, \"records\": [",
+        "        {\"type\": \"map\", \"lba\": 7, \"pba\": null},",
+        "        {\"type\": \"refcount\", \"pba\": 2002, \"refcount\": 0},",
+    ] {
+        assert!(dump.lines().any(|x| x == l), "no {l:?} in\n{dump}");
+    }
+    assert!(dump.contains(&format!(
+        "\"type\": \"fingerprint\", \"pba\": 2000, \"fingerprint\": \"{}\"",
+        dedup_tools::util::hex(&test_fingerprint(2000))
+    )));
+    assert!(dump.contains(
+        "{\"type\": \"counters\", \"mapped_blocks\": 3004, \"used_data_blocks\": 904, \
+         \"unique_writes\": 910, \"duplicate_writes\": 2100, \"zero_writes\": 5, \
+         \"discarded_blocks\": 7}"
+    ));
+    let d: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    assert_eq!(d["superblock"]["mapped_blocks"], 3004);
+    assert_eq!(d["superblock"]["journal_seq"], 1);
+    assert_eq!(d["journal"]["appends"].as_array().unwrap().len(), 2);
+    assert_eq!(d["mappings"].as_array().unwrap().len(), 3004);
+    assert_eq!(d["mappings"][0], serde_json::json!({"lba": 0, "pba": 0}));
+    assert_eq!(d["mappings"][1], serde_json::json!({"lba": 1, "pba": 2000}));
+
+    // Restored: the state as trees, a new empty journal.
+    let j = t.path("d.json");
+    fs::write(&j, &dump).unwrap();
+    let m2 = t.path("meta2");
+    sized_file(&m2, fs::metadata(&m).unwrap().len());
+    let o = dedup(&["restore", s(&j), s(&m2)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let o = dedup(&["check", s(&m2), "--json"]);
+    assert_eq!(code(&o), 0);
+    let c: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(c["journal"]["blocks_in_epoch"], 0);
+    assert_eq!(c["summary"]["mapped_blocks"], 3004);
+    let o = dedup(&["dump", s(&m2)]);
+    let d2: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(d2["mappings"], d["mappings"]);
+    assert_eq!(d2["blocks"], d["blocks"]);
+    assert_eq!(d2["journal"]["appends"], serde_json::json!([]));
+    assert_eq!(state.mappings.len(), 3004);
+
+    // A damaged second append: check says so (exit 4), repair drops it.
+    let mut bytes = fs::read(&m).unwrap();
+    let at = (sb.journal_start + 2) as usize * 4096;
+    bytes[at + 64 + 7] = 0x6e; // the first record's type
+    let blk: &mut Block = (&mut bytes[at..at + 4096]).try_into().unwrap();
+    seal(blk);
+    fs::write(&m, &bytes).unwrap();
+    let o = dedup(&["check", s(&m)]);
+    assert_eq!(code(&o), 4, "{}", out(&o));
+    assert!(
+        out(&o).contains(&format!(
+            "error: block {}, journal, sequence 2: the block continues the journal but is \
+             malformed: unknown record type 110 (record at offset 0); the kernel refuses to \
+             activate",
+            sb.journal_start + 2
+        )),
+        "{}",
+        out(&o)
+    );
+    assert!(out(&o).contains("[journal_damaged]"));
+    let o = dedup(&["repair", s(&m)]);
+    assert_eq!(code(&o), 1, "{}{}", out(&o), err(&o));
+    assert!(
+        out(&o).contains(&format!(
+            "journal: block {} (sequence 2, record at offset 0) is damaged: unknown record type \
+             110; dropped from the append that starts at sequence 2 on: 1 block (sequence 2 to \
+             2, 0 records that still read, 1 block with END); the state is the one after \
+             sequence 1",
+            sb.journal_start + 2
+        )),
+        "{}",
+        out(&o)
+    );
+    assert!(out(&o).contains(
+        "note: journal: 1 append (1 block, sequence 1 to 1, 16 records) replayed into the trees written"
+    ), "{}", out(&o));
+    let o = dedup(&["check", s(&m), "--json"]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    let c: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    // The first append's state: LBA 7 still mapped.
+    assert_eq!(c["summary"]["mapped_blocks"], 3005);
+    assert_eq!(c["superblock"]["journal_seq"], 1 + 2 * sb.journal_blocks);
+    assert_eq!(c["superblock"]["journal_id"], sb.journal_id);
+    assert_eq!(c["journal"]["blocks_in_epoch"], 0);
 }

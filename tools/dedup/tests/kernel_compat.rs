@@ -1,10 +1,11 @@
 //! Cross-checks with the kernel's own metadata code.
 //!
-//! tools/kernel-compat builds dm-dedup's dedup-metadata.c, dedup-saved.c,
-//! dedup-array.c, dedup-block.c and dedup-space.c (unchanged, from ../dm-dedup) in
-//! userspace over a small stand-in for dm-bufio. These tests then check
-//! that:
-//! - the kernel's dd_format() and `dedup format` write identical bytes;
+//! tools/kernel-compat builds dm-dedup's dedup-metadata.c,
+//! dedup-journal.c, dedup-saved.c, dedup-array.c, dedup-block.c and
+//! dedup-space.c (unchanged, from ../dm-dedup) in userspace over a small
+//! stand-in for dm-bufio. These tests then check that:
+//! - the kernel's dd_format() and `dedup format` write identical bytes
+//!   (given the kernel's random journal id), and refuse the same devices;
 //! - what the kernel writes through many transactions (new, duplicate and
 //!   zero writes, discards, commits; and a crash with a written but
 //!   uncommitted transaction) checks clean, with the same map and counts;
@@ -19,9 +20,17 @@
 //!   back every salvaged mapping, and keeps working on it;
 //! - the state the kernel saves at a clean close (dd_md_save) checks clean
 //!   and loadable, the kernel loads it in place of a walk with the same
-//!   state, and its next commit drops it.
+//!   state, and its next commit drops it;
+//! - a device the kernel grew checks clean at its new sizes;
+//! - the journal the kernel gives a version 1 device is the one the tools'
+//!   writer would make on it;
+//! - what the kernel leaves in its journal (appends between commits, a
+//!   ring wrapped many times, a crash after more changes, a torn last
+//!   block) `dedup check` replays to the state the kernel replays to,
+//!   read-only in memory and read-write into the trees.
 //!
-//! Skipped (with a message) when the C compiler or ../dm-dedup is missing.
+//! They fail (with a message) when the C compiler or ../dm-dedup is
+//! missing.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -31,7 +40,9 @@ use std::sync::OnceLock;
 
 use dedup_tools::check::{check, CheckOptions, Contents, Report};
 use dedup_tools::device::MemDev;
-use dedup_tools::dump::{parse_dump, restore_to, validate, write_dump, Dump, DumpSuperblock};
+use dedup_tools::dump::{
+    parse_dump, restore_to, validate, write_dump_with_journal, Dump, DumpSuperblock,
+};
 use dedup_tools::ondisk::*;
 
 fn harness() -> Option<&'static Path> {
@@ -58,6 +69,7 @@ fn harness() -> Option<&'static Path> {
             "dedup-array.c",
             "dedup-space.c",
             "dedup-metadata.c",
+            "dedup-journal.c",
             "dedup-saved.c",
         ] {
             cmd.arg(kdir.join(f));
@@ -144,19 +156,63 @@ fn check_file(p: &Path) -> (Report, Contents) {
     (r, c.unwrap())
 }
 
+/// The counters of the state `dedup check` checked: those of the last
+/// COUNTERS record its replay of the journal applied, or the superblock's
+/// when it applied none.
+fn state_counters(r: &Report) -> Counters {
+    if let Some(c) = r.journal.as_ref().and_then(|j| j.counters) {
+        return c;
+    }
+    let sb = r.superblock.as_ref().unwrap();
+    Counters {
+        mapped_blocks: sb.mapped_blocks,
+        used_data_blocks: sb.used_data_blocks,
+        unique_writes: sb.unique_writes,
+        duplicate_writes: sb.duplicate_writes,
+        zero_writes: sb.zero_writes,
+        discarded_blocks: sb.discarded_blocks,
+    }
+}
+
+/// Journal blocks `dedup check` replayed (in whole appends).
+fn replayed(r: &Report) -> u64 {
+    r.journal.as_ref().map_or(0, |j| j.replayed_blocks)
+}
+
+/// The state the kernel printed is the one `dedup check` checked (with
+/// the journal replayed), and that state is clean.
 fn assert_agrees(r: &Report, c: &Contents, out: &Out) {
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
     assert_eq!(c.mappings, out.map);
+    assert_counters(r, out);
+    // A replayed journal leaves blocks in the kernel's running transaction
+    // (or its in-memory view) that the trees on the disk do not name.
+    if replayed(r) == 0 {
+        let s = r.summary.as_ref().unwrap();
+        assert_eq!(s.metadata_blocks_used, out.stats["metadata_used"]);
+    }
+}
+
+/// The counters and the generation of the state `dedup check` checked
+/// are the kernel's.
+fn assert_counters(r: &Report, out: &Out) {
     let s = r.summary.as_ref().unwrap();
     let sb = r.superblock.as_ref().unwrap();
-    assert_eq!(s.metadata_blocks_used, out.stats["metadata_used"]);
+    let k = state_counters(r);
     assert_eq!(s.mapped_blocks, out.stats["mapped"]);
     assert_eq!(s.live_blocks, out.stats["live"]);
     assert_eq!(sb.generation, out.stats["txn"]);
-    assert_eq!(sb.unique_writes, out.stats["unique"]);
-    assert_eq!(sb.duplicate_writes, out.stats["duplicate"]);
-    assert_eq!(sb.zero_writes, out.stats["zero"]);
-    assert_eq!(sb.discarded_blocks, out.stats["discarded"]);
+    assert_eq!(
+        k,
+        Counters {
+            mapped_blocks: out.stats["mapped"],
+            used_data_blocks: out.stats["live"],
+            unique_writes: out.stats["unique"],
+            duplicate_writes: out.stats["duplicate"],
+            zero_writes: out.stats["zero"],
+            discarded_blocks: out.stats["discarded"],
+        }
+    );
 }
 
 /// Metadata file `name` in `t`, sized for `logical` and `data` blocks (16
@@ -173,7 +229,8 @@ fn workload_image(
     image_after(h, t, name, "workload", logical, data, args)
 }
 
-/// workload_image with the harness command `cmd` (`workload` or `save`).
+/// workload_image with the harness command `cmd` (`workload`, `save` or
+/// `journal`).
 fn image_after(
     h: &Path,
     t: &Tmp,
@@ -192,15 +249,16 @@ fn image_after(
 }
 
 /// What `dedup dump` makes of the clean metadata in `p`, written and read
-/// back as JSON through the library as the CLI does.
+/// back as JSON through the library as the CLI does: the state with the
+/// journal replayed.
 fn dump_of(p: &Path) -> Dump {
     let (r, c) = check_file(p);
     assert!(r.clean());
-    let sb = Superblock::decode(
-        MemDev::from_bytes(fs::read(p).unwrap()).block(r.superblock.unwrap().slot),
-    );
+    let dev = MemDev::from_bytes(fs::read(p).unwrap());
+    let sb = Superblock::decode(dev.block(r.superblock.unwrap().slot));
+    let (dsb, journal) = DumpSuperblock::of_state(&dev, &sb);
     let mut json = Vec::new();
-    write_dump(&mut json, &DumpSuperblock::from_sb(&sb), &c).unwrap();
+    write_dump_with_journal(&mut json, &dsb, &c, journal.as_ref()).unwrap();
     parse_dump(&json[..]).unwrap()
 }
 
@@ -209,50 +267,57 @@ fn kernel_format_equals_dedup_format() {
     let Some(h) = harness() else { return };
     let t = Tmp::new("format");
     let bin = env!("CARGO_BIN_EXE_dedup");
+    // (logical, data, metadata blocks): exactly required_blocks (for the
+    // smallest sizes, the smallest journal), more than that (the room
+    // beyond it stays free), a journal of 312 blocks, and the longest one.
     for (logical, data, blocks) in [
         (20_000u64, 5_000u64, 1024u64),
-        (1, 1, 8),
-        (300_000, 3_000, 1300),
+        (1, 1, required_blocks(1, 1)),
+        (300_000, 3_000, 2000),
+        (1 << 20, 1 << 18, required_blocks(1 << 20, 1 << 18)),
     ] {
+        let (l, d) = (logical.to_string(), data.to_string());
         let k = t.file("k", blocks * 4096);
         let u = t.file("u", blocks * 4096);
-        let out = run(
-            h,
-            &[
-                "open",
-                k.to_str().unwrap(),
-                &logical.to_string(),
-                &data.to_string(),
-            ],
-        )
-        .unwrap();
+        let out = run(h, &["open", k.to_str().unwrap(), &l, &d]).unwrap();
         assert_eq!(out.stats["txn"], 1);
+        let kernel = fs::read(&k).unwrap();
+        // The kernel's journal: at block 2, as long as the sizes ask for,
+        // with a random id (superblock slot 1, offset 232).
+        let sb = &kernel[4096..8192];
+        assert_eq!(le64(sb, 208), 2);
+        assert_eq!(le64(sb, 216), journal_size(logical, data));
+        let id = le64(sb, 232);
+        assert_ne!(id, 0);
         let o = Command::new(bin)
             .args(["format", u.to_str().unwrap(), "--format-time", "1700000000"])
-            .args([
-                "--data-blocks",
-                &data.to_string(),
-                "--logical-blocks",
-                &logical.to_string(),
-            ])
+            .args(["--data-blocks", &d, "--logical-blocks", &l])
+            .args(["--journal-id", &id.to_string()])
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert!(
-            fs::read(&k).unwrap() == fs::read(&u).unwrap(),
+            kernel == fs::read(&u).unwrap(),
             "{logical}/{data}: bytes differ"
         );
         // and the kernel activates what dedup format wrote
-        run(
-            h,
-            &[
-                "open",
-                u.to_str().unwrap(),
-                &logical.to_string(),
-                &data.to_string(),
-            ],
-        )
-        .unwrap();
+        run(h, &["open", u.to_str().unwrap(), &l, &d]).unwrap();
+
+        // One block less than required_blocks: both refuse to format.
+        let need = required_blocks(logical, data);
+        let k = t.file("k", (need - 1) * 4096);
+        let err = run(h, &["open", k.to_str().unwrap(), &l, &d]).unwrap_err();
+        assert!(err.contains("metadata device too small"), "{err}");
+        assert!(err.contains(&format!("({need} blocks)")), "{err}");
+        let o = Command::new(bin)
+            .args(["format", k.to_str().unwrap(), "--data-blocks", &d])
+            .args(["--logical-blocks", &l])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(8));
+        let msg = String::from_utf8_lossy(&o.stderr);
+        assert!(msg.contains(&format!("({need} blocks of 4 KiB)")), "{msg}");
+        assert!(fs::read(&k).unwrap().iter().all(|&b| b == 0));
     }
 }
 
@@ -610,4 +675,233 @@ fn kernel_saved_state_checks_clean_and_loads() {
         walked.stats["metadata_used"],
         r.summary.as_ref().unwrap().metadata_blocks_used
     );
+}
+
+/// `dedup check` of `p` through the binary: its exit code and JSON report.
+fn check_cli(p: &Path) -> (i32, serde_json::Value) {
+    let o = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(["check", "--json", p.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let j = serde_json::from_str(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    (o.status.code().unwrap(), j)
+}
+
+/// The kernel's journal, replayed by both: what the harness leaves after
+/// appends between commits (and more changes never appended, then a
+/// crash) checks clean as replayed, with the map and the counters of the
+/// last append; a read-only activation replays the same in memory; a
+/// read-write one replays into the trees and checkpoints, after which the
+/// journal is empty and the state the same. A dump of the replayed state
+/// restores to what the kernel reads back.
+#[test]
+fn kernel_journal_replay_agrees() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("journal");
+    let mut replays = 0;
+    // (logical, data, seed, ops, commit every, append every, tail)
+    let cases: [(u64, u64, u64, u64, u64, u64, u64); 6] = [
+        // Appends between commits, a crash after more changes.
+        (20_000, 5_000, 1, 12_000, 5_000, 50, 300),
+        // A small data device: blocks freed and reused, frequent appends.
+        (4_000, 600, 2, 14_993, 1_000, 7, 500),
+        // A two-level map, a journal of 312 blocks, no tail.
+        (300_000, 3_000, 3, 12_000, 5_000, 100, 0),
+        // A journal of 64 blocks with an append per operation and no
+        // commits but the ones a full epoch forces (dd_journal_take's
+        // -ENOSPC): the ring goes round about 70 times.
+        (2_000, 600, 4, 5_000, 1_000_000, 1, 0),
+        // The same with appends of several blocks: the last epoch starts
+        // near the ring's end and continues at its start.
+        (2_000, 600, 2, 4_000, 1_000_000, 3, 50),
+        // Nothing appended since the last commit.
+        (3_000, 900, 5, 4_000, 500, 40, 100),
+    ];
+    for (i, (logical, data, seed, ops, every, append, tail)) in cases.into_iter().enumerate() {
+        let (l, d) = (logical.to_string(), data.to_string());
+        let args = [seed, ops, every, append, tail].map(|v| v.to_string());
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let (m, out) = image_after(h, &t, &format!("m{i}"), "journal", logical, data, &args);
+        let ms = m.to_str().unwrap();
+        let what = format!("{i}: {logical} {data} {args:?}");
+        assert!(out.stats["mapped"] > 0, "{what}");
+        // As replayed by the tools: clean, the map and counters of the
+        // last append.
+        let (r, c) = check_file(&m);
+        assert_agrees(&r, &c, &out);
+        let j = r.journal.clone().unwrap();
+        assert_eq!(j.blocks, journal_size(logical, data), "{what}");
+        assert!(j.damage.is_none() && j.torn_blocks == 0, "{what}: {j:?}");
+        let (code, json) = check_cli(&m);
+        assert_eq!(code, 0, "{what}: {json}");
+        assert_eq!(json["journal"]["replayed_blocks"], j.replayed_blocks);
+        match i {
+            0..=4 => assert!(j.appends > 0, "{what}: {j:?}"),
+            _ => assert_eq!(j.blocks_in_epoch, 0, "{what}: {j:?}"),
+        }
+        if i == 3 || i == 4 {
+            // The ring has gone round, and only forced commits made that
+            // possible.
+            assert!(j.epoch > 10 * j.blocks, "{what}: {j:?}");
+            assert!(out.stats["txn"] > 10, "{what}");
+        }
+        if i == 4 {
+            assert!(
+                j.epoch % j.blocks + j.blocks_in_epoch > j.blocks,
+                "{what}: {j:?}"
+            );
+        }
+
+        // Read-only, the kernel replays in memory: the same state.
+        let ro = run(h, &["map", ms, &l, &d]).unwrap();
+        assert_eq!(ro.map, out.map, "{what}");
+        assert_eq!(ro.stats["replayed"], j.replayed_blocks, "{what}");
+        assert_counters(&r, &ro);
+        replays += (ro.stats["replayed"] > 0) as u32;
+
+        // A dump of the replayed state restores to what the kernel reads.
+        if i == 1 {
+            let spec = validate(&dump_of(&m), None, 10).unwrap();
+            let mut dev = MemDev::new(fs::metadata(&m).unwrap().len() / 4096);
+            restore_to(&mut dev, spec, false).unwrap();
+            let dst = t.0.join("restored");
+            fs::write(&dst, &dev.bytes).unwrap();
+            let back = run(h, &["map", dst.to_str().unwrap(), &l, &d]).unwrap();
+            assert_eq!(back.map, out.map);
+            assert_eq!(back.stats["replayed"], 0);
+            let (r2, _) = check_file(&dst);
+            assert_eq!(state_counters(&r2), state_counters(&r));
+        }
+
+        // Read-write: replayed into the trees and checkpointed twice (both
+        // slots name it), or committed once when there was nothing.
+        let gen = r.superblock.as_ref().unwrap().generation;
+        let rw = run(h, &["open", ms, &l, &d]).unwrap();
+        assert_eq!(rw.stats["replayed"], j.replayed_blocks, "{what}");
+        let commits = if j.replayed_blocks > 0 { 2 } else { 1 };
+        assert_eq!(rw.stats["txn"], gen + commits, "{what}");
+        let after = run(h, &["map", ms, &l, &d]).unwrap();
+        assert_eq!(after.map, out.map, "{what}");
+        assert_eq!(after.stats["replayed"], 0, "{what}");
+        let (r, c) = check_file(&m);
+        assert_agrees(&r, &c, &after);
+        let j = r.journal.as_ref().unwrap();
+        assert_eq!((j.blocks_in_epoch, j.appends), (0, 0), "{what}");
+        let (code, json) = check_cli(&m);
+        assert_eq!(code, 0, "{what}: {json}");
+    }
+    assert!(replays >= 4, "{replays}");
+}
+
+/// A torn last journal block (a crash in the middle of an append's write):
+/// `dedup check` does not call it an error, and replays to the state the
+/// kernel replays to, read-only and read-write.
+#[test]
+fn kernel_journal_with_a_torn_last_block() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("journal-torn");
+    let mut torn = Vec::new();
+    // (logical, data, seed, ops, commit every, append every): the last
+    // append of one block (twice), and of several.
+    for (i, (logical, data, seed, ops, every, append)) in [
+        (20_000u64, 5_000u64, 6u64, 9_000u64, 5_000u64, 40u64),
+        (300_000, 3_000, 7, 7_000, 1_000_000, 2_500),
+        (2_000, 600, 2, 4_000, 1_000_000, 3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (l, d) = (logical.to_string(), data.to_string());
+        let args = [seed, ops, every, append, 20].map(|v| v.to_string());
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let (m, out) = image_after(h, &t, &format!("m{i}"), "journal", logical, data, &args);
+        let ms = m.to_str().unwrap();
+        let (r, c) = check_file(&m);
+        assert_agrees(&r, &c, &out);
+        let j = r.journal.clone().unwrap();
+        assert!(j.appends > 0, "{i}: {j:?}");
+        let sb = r.superblock.as_ref().unwrap();
+        // The last block written: the last one that continues the epoch.
+        let last_seq = sb.journal_seq + j.blocks_in_epoch - 1;
+        let at = sb.journal_start + last_seq % sb.journal_blocks;
+        assert_eq!(last_seq, j.end_seq - 1);
+        let mut bytes = fs::read(&m).unwrap();
+        let blk = &mut bytes[at as usize * 4096..][..4096];
+        assert_eq!(le64(blk, 48), last_seq);
+        assert_eq!(le32(blk, 60), 1, "the last block ends an append");
+        blk[100] ^= 0x20;
+        fs::write(&m, &bytes).unwrap();
+
+        let (r, c) = check_file(&m);
+        assert!(r.clean(), "{i}: {:#?}", r.problems);
+        let tj = r.journal.clone().unwrap();
+        assert_eq!(tj.end_seq, last_seq, "{i}");
+        assert_eq!(tj.appends, j.appends - 1, "{i}");
+        assert!(tj.damage.is_none(), "{i}: {tj:?}");
+        // Exit 0: no errors (a torn tail is not one).
+        let (code, json) = check_cli(&m);
+        assert_eq!(code, 0, "{i}: {json}");
+        // The kernel replays the same appends, in memory and into the trees.
+        let ro = run(h, &["map", ms, &l, &d]).unwrap();
+        assert_eq!(ro.map, c.mappings, "{i}");
+        assert_eq!(ro.stats["replayed"], tj.replayed_blocks, "{i}");
+        assert_counters(&r, &ro);
+        // The append the block ended lost; blocks before it in the same
+        // append are a torn tail.
+        assert_eq!(
+            tj.replayed_blocks + tj.torn_blocks,
+            j.replayed_blocks - 1,
+            "{i}"
+        );
+        torn.push(tj.torn_blocks);
+        run(h, &["open", ms, &l, &d]).unwrap();
+        let after = run(h, &["map", ms, &l, &d]).unwrap();
+        assert_eq!(after.map, c.mappings, "{i}");
+        let (r, c) = check_file(&m);
+        assert_agrees(&r, &c, &after);
+    }
+    assert_eq!(torn.iter().filter(|&&n| n > 0).count(), 1, "{torn:?}");
+}
+
+/// A version 1 device gets a journal at its first read-write activation:
+/// the run the kernel makes (dd_journal_make()) is the one the tools'
+/// writer would make (`new_run`: the sizes' journal_size() or what the
+/// trees' worst case leaves, halved while no free window holds it, down
+/// to 64), or none.
+#[test]
+fn kernel_upgrade_makes_the_run_the_writer_makes() {
+    let Some(h) = harness() else { return };
+    let t = Tmp::new("upgrade");
+    let bin = env!("CARGO_BIN_EXE_dedup");
+    // 256 MiB logical over 64 MiB of data: trees' worst case 562, a
+    // journal of 140, or what the trees leave if that is 64 or more.
+    let (logical, data) = (1u64 << 16, 1u64 << 14);
+    let (l, d) = (logical.to_string(), data.to_string());
+    assert_eq!(
+        (open_blocks(logical, data), journal_size(logical, data)),
+        (562, 140)
+    );
+    let mut seen = Vec::new();
+    for blocks in [562u64, 600, 625, 626, 631, 632, 701, 702, 5000] {
+        let m = t.file("m", blocks * 4096);
+        let ms = m.to_str().unwrap();
+        let o = Command::new(bin)
+            .args(["format", ms, "--format-version", "1"])
+            .args(["--data-blocks", &d, "--logical-blocks", &l])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v1 = Superblock::decode(MemDev::from_bytes(fs::read(&m).unwrap()).block(1));
+        let want = dedup_tools::writer::new_run(&v1, &[], FIRST_TREE_BLOCK);
+        let opened = run(h, &["open", ms, &l, &d]).unwrap();
+        assert_eq!(opened.stats["txn"], 2);
+        let (r, c) = check_file(&m);
+        assert!(r.problems.is_empty(), "{blocks}: {:#?}", r.problems);
+        assert!(c.mappings.is_empty());
+        let sb = r.superblock.as_ref().unwrap();
+        let got = (sb.version == 2).then_some((sb.journal_start, sb.journal_blocks));
+        assert_eq!(got, want, "{blocks} blocks");
+        seen.push(got.map_or(0, |g| g.1));
+    }
+    assert_eq!(seen, [0, 0, 0, 64, 69, 70, 139, 140, 140]);
 }

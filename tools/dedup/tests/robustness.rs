@@ -7,9 +7,12 @@
 
 use dedup_tools::device::MemDev;
 use dedup_tools::dump::{write_dump, DumpSuperblock};
-use dedup_tools::fuzzing::{fuzz_dump, fuzz_image, fuzz_image_owned, fuzz_repair, fuzz_stats};
+use dedup_tools::fuzzing::{
+    fuzz_dump, fuzz_image, fuzz_image_owned, fuzz_journal, fuzz_repair, fuzz_stats,
+    journal_fuzz_seeds,
+};
 use dedup_tools::ondisk::*;
-use dedup_tools::writer::{format, test_fingerprint, write_image, ImageSpec};
+use dedup_tools::writer::{format, test_fingerprint, write_append, write_image, ImageSpec};
 
 struct Rng(u64);
 
@@ -82,6 +85,26 @@ fn poke_sealed(bytes: &mut [u8], b: usize, off: usize, v: u64) {
     seal(blk);
 }
 
+/// A block to damage: most of the time one that holds something (a
+/// header), since most of an image is never written (the room for the
+/// trees' worst case and the journal's run).
+fn pick_block(r: &mut Rng, x: &[u8]) -> usize {
+    let nblocks = x.len() / BLOCK_SIZE;
+    if r.below(8) != 0 {
+        let used: Vec<usize> = (0..nblocks)
+            .filter(|&b| {
+                x[b * BLOCK_SIZE..b * BLOCK_SIZE + 64]
+                    .iter()
+                    .any(|&c| c != 0)
+            })
+            .collect();
+        if !used.is_empty() {
+            return *r.pick(&used);
+        }
+    }
+    r.below(nblocks as u64) as usize
+}
+
 fn mutate(r: &mut Rng, base: &[u8]) -> Vec<u8> {
     let mut x = base.to_vec();
     let rounds = 1 + r.below(3);
@@ -98,11 +121,13 @@ fn mutate(r: &mut Rng, base: &[u8]) -> Vec<u8> {
                 }
             }
             1..=3 => {
-                // A structural field of a tree block or the superblock,
-                // resealed: header fields, child pointers, entries.
-                let b = r.below(nblocks as u64) as usize;
+                // A structural field of a tree block, a journal block or
+                // the superblock, resealed: header fields, child pointers,
+                // entries, journal fields and records.
+                let b = pick_block(r, &x);
                 let off = *r.pick(&[
-                    8usize, 16, 24, 32, 40, 48, 56, 64, 104, 112, 120, 128, 136, 144, 184,
+                    8usize, 16, 24, 32, 40, 48, 56, 64, 72, 104, 112, 120, 128, 136, 144, 184, 208,
+                    216, 224, 232,
                 ]);
                 let off = if r.below(2) == 0 {
                     off
@@ -131,19 +156,19 @@ fn mutate(r: &mut Rng, base: &[u8]) -> Vec<u8> {
             5 => {
                 // Copy one block over another.
                 if nblocks > 1 {
-                    let a = r.below(nblocks as u64) as usize;
-                    let b = r.below(nblocks as u64) as usize;
+                    let a = pick_block(r, &x);
+                    let b = pick_block(r, &x);
                     let src = x[a * BLOCK_SIZE..(a + 1) * BLOCK_SIZE].to_vec();
                     x[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE].copy_from_slice(&src);
                 }
             }
             6 => {
-                let b = r.below(nblocks as u64) as usize;
+                let b = pick_block(r, &x);
                 x[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE].fill(0);
             }
             _ => {
                 // A single byte of an entry, resealed.
-                let b = r.below(nblocks as u64) as usize;
+                let b = pick_block(r, &x);
                 let i = b * BLOCK_SIZE
                     + HEADER_SIZE
                     + r.below((BLOCK_SIZE - HEADER_SIZE) as u64) as usize;
@@ -207,7 +232,10 @@ fn repair_never_panics_and_always_writes_clean_metadata() {
     let maps: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 3, i % 50)).collect();
     seeds.push(image(1200, 60, &maps, "sha256", 32, 6));
     seeds.push(image(1200, 60, &maps, "crc32c", 4, 7));
+    // All but the deep tree, the only image of more than 1 MiB (its
+    // trees' worst case and its journal of 258 blocks).
     let small: Vec<&Vec<u8>> = seeds.iter().filter(|s| s.len() < 1 << 20).collect();
+    assert_eq!(small.len(), seeds.len() - 1);
     for s in &seeds {
         fuzz_repair(s);
     }
@@ -277,5 +305,85 @@ fn stats_parsers_never_panic() {
             t[p] = *r.pick(b"0123456789 /\n=:xa-\xff");
         }
         fuzz_stats(&t);
+    }
+}
+
+/// A seed image whose journal holds appends: what the kernel leaves at a
+/// flush, for the image and repair properties.
+fn journaled_seed() -> Vec<u8> {
+    let (logical, data) = (600u64, 200u64);
+    let blocks = required_blocks(logical, data);
+    let mut sb = Superblock::new_formatted(blocks, data, logical, "sha256", 32, 1);
+    sb.header.txn = 4;
+    let maps: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 2, i % 90)).collect();
+    let a = ImageSpec::consistent(sb, &maps, test_fingerprint);
+    let mut d = MemDev::new(blocks);
+    let (sb, _) = write_image(&mut d, &a).unwrap();
+    let mut maps2 = maps.clone();
+    maps2.retain(|m| m.0 % 10 != 0);
+    maps2.extend((0..20u64).map(|i| (2 * i + 1, 150 + i)));
+    maps2.sort_unstable();
+    let b = ImageSpec::consistent(a.sb.clone(), &maps2, test_fingerprint);
+    let mut seq = sb.journal_seq;
+    seq = write_append(&mut d, &sb, seq, 5, &a.changes_to(&b)).unwrap();
+    let c = ImageSpec::consistent(a.sb.clone(), &maps, test_fingerprint);
+    write_append(&mut d, &sb, seq, 5, &b.changes_to(&c)).unwrap();
+    d.bytes
+}
+
+#[test]
+fn journaled_images_survive_mutation() {
+    let seed = journaled_seed();
+    fuzz_image(&seed);
+    fuzz_repair(&seed);
+    let mut r = Rng(0x00B1_0C5E);
+    for i in 0..600 {
+        let x = mutate(&mut r, &seed);
+        if i % 3 == 0 {
+            fuzz_repair(&x);
+        } else {
+            fuzz_image_owned(x);
+        }
+    }
+}
+
+#[test]
+fn journal_parser_and_replay_never_panic() {
+    let seeds = journal_fuzz_seeds();
+    for s in &seeds {
+        fuzz_journal(s);
+    }
+    let mut r = Rng(0x3A11_0F00);
+    for i in 0..400 {
+        let mut x = r.pick(&seeds).clone();
+        for _ in 0..1 + r.below(6) {
+            if x.is_empty() {
+                break;
+            }
+            let p = r.below(x.len() as u64) as usize;
+            match r.below(4) {
+                // Journal fields and record keys more often than payload.
+                0 => {
+                    let blk = (p / BLOCK_SIZE) * BLOCK_SIZE;
+                    let off = *r.pick(&[56usize, 57, 60, 64, 71, 72, 80, 87, 88]);
+                    if let Some(c) = x.get_mut(blk + off + 16) {
+                        *c = r.next() as u8;
+                    }
+                }
+                1 => x[p] ^= 1 << r.below(8),
+                2 => x[p] = r.next() as u8,
+                _ => {
+                    let n = r.below(x.len() as u64 + 1) as usize;
+                    x.truncate(n.max(16));
+                }
+            }
+        }
+        if i % 50 == 0 {
+            // Random bytes, head included.
+            x = (0..r.below(3 * BLOCK_SIZE as u64))
+                .map(|_| r.next() as u8)
+                .collect();
+        }
+        fuzz_journal(&x);
     }
 }

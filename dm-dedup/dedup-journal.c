@@ -1,0 +1,514 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The redo journal; see dedup-journal.h and Documentation/dedup-format.rst.
+ */
+#define DM_MSG_PREFIX "dedup"
+
+#include <linux/device-mapper.h>
+#include <linux/gfp.h>
+#include <linux/lockdep.h>
+#include <linux/mm.h>
+#include <linux/slab.h>
+
+#include "dedup-journal.h"
+
+/* Blocks read or written per I/O, and kept for reuse. */
+#define DD_JOURNAL_IO_BLOCKS	32
+#define DD_JOURNAL_SPARE	16
+
+static struct dd_journal_header *dd_jh(struct page *p)
+{
+	return page_address(p);
+}
+
+static u8 *dd_jrecords(struct page *p)
+{
+	return (u8 *)page_address(p) + DD_JOURNAL_HEADER_SIZE;
+}
+
+/* Records are 8-byte multiples from an 8-byte aligned start. */
+static u64 dd_jword(const u8 *rec)
+{
+	return le64_to_cpu(*(const __le64 *)rec);
+}
+
+/* Bytes of a record of @type, key included; 0 for an unknown type. */
+static u32 dd_jr_size(u8 type)
+{
+	switch (type) {
+	case DD_JR_MAP:
+	case DD_JR_REFCOUNT:
+		return 16;
+	case DD_JR_FINGERPRINT:
+		return 8 + DD_FP_SIZE;
+	case DD_JR_COUNTERS:
+		return 8 + DD_JR_NR_COUNTERS * 8;
+	}
+	return 0;
+}
+
+int dd_journal_init(struct dd_journal *j, struct dd_bm *bm,
+		    const struct dd_journal_geometry *geo, u64 next_seq)
+{
+	memset(j, 0, sizeof(*j));
+	mutex_init(&j->lock);
+	j->bm = bm;
+	j->geo = *geo;
+	j->next_seq = next_seq;
+	/*
+	 * Half the ring: an append never needs more than an epoch has left
+	 * after a checkpoint came due, and the records of a long stretch
+	 * without a flush cost no more than 4 MiB of memory.
+	 */
+	j->max_pending = geo->nr_blocks / 2;
+	j->pending = kvcalloc(j->max_pending, sizeof(*j->pending), GFP_KERNEL);
+	j->spare = kcalloc(DD_JOURNAL_SPARE, sizeof(*j->spare), GFP_KERNEL);
+	if (!j->pending || !j->spare) {
+		dd_journal_exit(j);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void dd_free_pages(struct page **pages, unsigned int nr)
+{
+	while (nr)
+		__free_page(pages[--nr]);
+}
+
+void dd_journal_exit(struct dd_journal *j)
+{
+	if (j->pending)
+		dd_free_pages(j->pending, j->nr_pending);
+	if (j->spare)
+		dd_free_pages(j->spare, j->nr_spare);
+	kvfree(j->pending);
+	kfree(j->spare);
+	j->pending = NULL;
+	j->spare = NULL;
+}
+
+static struct page *dd_journal_page(struct dd_journal *j)
+{
+	struct page *p;
+
+	lockdep_assert_held(&j->lock);
+	p = j->nr_spare ? j->spare[--j->nr_spare] : alloc_page(GFP_NOIO);
+	if (p)
+		memset(page_address(p), 0, DD_BLOCK_SIZE);
+	return p;
+}
+
+static void dd_journal_recycle(struct dd_journal *j, struct page **pages,
+			       unsigned int nr)
+{
+	lockdep_assert_held(&j->lock);
+	while (nr && j->nr_spare < DD_JOURNAL_SPARE)
+		j->spare[j->nr_spare++] = pages[--nr];
+	dd_free_pages(pages, nr);
+}
+
+/* Forget every record collected: a checkpoint holds them, or none will. */
+static void dd_journal_clear(struct dd_journal *j)
+{
+	lockdep_assert_held(&j->lock);
+	dd_journal_recycle(j, j->pending, j->nr_pending);
+	j->nr_pending = 0;
+	j->used = 0;
+}
+
+/* Room for @size more bytes of records, in a new block if need be. */
+static u8 *dd_journal_room(struct dd_journal *j, u32 size)
+{
+	struct page *p;
+
+	lockdep_assert_held(&j->lock);
+	if (j->overflow)
+		return NULL;
+	if (!j->nr_pending || j->used + size > DD_JOURNAL_PAYLOAD) {
+		p = j->nr_pending < j->max_pending ? dd_journal_page(j) : NULL;
+		if (!p) {
+			/* The next flush checkpoints instead of appending. */
+			j->overflow = true;
+			dd_journal_clear(j);
+			return NULL;
+		}
+		if (j->nr_pending)
+			dd_jh(j->pending[j->nr_pending - 1])->used =
+				cpu_to_le32(j->used);
+		j->pending[j->nr_pending++] = p;
+		j->used = 0;
+	}
+	j->used += size;
+	return dd_jrecords(j->pending[j->nr_pending - 1]) + j->used - size;
+}
+
+static void dd_journal_put(struct dd_journal *j, u8 type, u64 index,
+			   const void *value, size_t len)
+{
+	u32 size = dd_jr_size(type);
+	u8 *rec;
+
+	if (WARN_ON_ONCE(!size || len > size - 8))
+		return;
+	rec = dd_journal_room(j, size);
+	if (!rec)
+		return;
+	*(__le64 *)rec = cpu_to_le64((u64)type << DD_JR_TYPE_SHIFT |
+				     (index & DD_JR_INDEX_MASK));
+	memcpy(rec + 8, value, len);
+}
+
+/* A change, in the order made; @value is the entry's new on-disk value. */
+void dd_journal_note(struct dd_journal *j, u8 type, u64 index,
+		     const void *value, size_t len)
+{
+	mutex_lock(&j->lock);
+	dd_journal_put(j, type, index, value, len);
+	mutex_unlock(&j->lock);
+}
+
+/*
+ * Close the records collected into one append, ending with @counters,
+ * and hand its blocks to @b. -ENODATA: nothing to append. -ENOSPC: the
+ * epoch has no room for it, or records were dropped: checkpoint instead.
+ */
+int dd_journal_take(struct dd_journal *j, const u64 *counters, u64 txn,
+		    struct dd_journal_batch *b)
+{
+	__le64 v[DD_JR_NR_COUNTERS];
+	struct dd_journal_header *h;
+	unsigned int i;
+	int r = 0;
+
+	mutex_lock(&j->lock);
+	if (WARN_ON_ONCE(j->writing)) {
+		r = -EBUSY;
+		goto out;
+	}
+	if (!j->nr_pending && !j->overflow) {
+		r = -ENODATA;
+		goto out;
+	}
+	for (i = 0; i < DD_JR_NR_COUNTERS; i++)
+		v[i] = cpu_to_le64(counters[i]);
+	dd_journal_put(j, DD_JR_COUNTERS, 0, v, sizeof(v));
+	if (j->overflow ||
+	    j->next_seq + j->nr_pending > j->geo.epoch + j->geo.nr_blocks) {
+		r = -ENOSPC;
+		goto out;
+	}
+	b->pages = kmalloc_array(j->nr_pending, sizeof(*b->pages), GFP_NOIO);
+	if (!b->pages) {
+		r = -ENOSPC;
+		goto out;
+	}
+	dd_jh(j->pending[j->nr_pending - 1])->used = cpu_to_le32(j->used);
+	for (i = 0; i < j->nr_pending; i++) {
+		u64 seq = j->next_seq + i;
+
+		h = dd_jh(j->pending[i]);
+		h->hdr.type = cpu_to_le32(DD_BT_JOURNAL);
+		h->hdr.blocknr = cpu_to_le64(j->geo.start +
+					     do_div(seq, j->geo.nr_blocks));
+		h->hdr.txn = cpu_to_le64(txn);
+		h->journal_id = cpu_to_le64(j->geo.id);
+		h->epoch = cpu_to_le64(j->geo.epoch);
+		h->seq = cpu_to_le64(j->next_seq + i);
+		h->flags = cpu_to_le32(i + 1 == j->nr_pending ? DD_JF_END : 0);
+		h->hdr.csum = cpu_to_le32(dd_block_csum(h));
+		b->pages[i] = j->pending[i];
+	}
+	b->nr = j->nr_pending;
+	b->first_seq = j->next_seq;
+	j->next_seq += j->nr_pending;
+	j->nr_pending = 0;
+	j->used = 0;
+	j->writing = true;
+out:
+	mutex_unlock(&j->lock);
+	return r;
+}
+
+/*
+ * One append: its blocks with FUA, in at most two runs (the ring wraps).
+ * Replay reads nothing that needs a flush first: the checkpoint's trees
+ * were flushed when it was written, and earlier appends had FUA.
+ */
+int dd_journal_write(struct dd_journal *j, struct dd_journal_batch *b)
+{
+	unsigned int done = 0, n;
+	u64 seq, pos;
+	int r = 0;
+
+	while (!r && done < b->nr) {
+		seq = b->first_seq + done;
+		pos = do_div(seq, j->geo.nr_blocks);
+		n = min_t(u64, b->nr - done, j->geo.nr_blocks - pos);
+		r = dd_bm_write_blocks(j->bm, j->geo.start + pos,
+				       b->pages + done, n);
+		done += n;
+	}
+	mutex_lock(&j->lock);
+	if (!r) {
+		j->appends++;
+		j->blocks_written += b->nr;
+	}
+	mutex_unlock(&j->lock);
+	dd_journal_drop_batch(j, b);
+	return r;
+}
+
+void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b)
+{
+	mutex_lock(&j->lock);
+	dd_journal_recycle(j, b->pages, b->nr);
+	j->writing = false;
+	mutex_unlock(&j->lock);
+	kfree(b->pages);
+	b->pages = NULL;
+	b->nr = 0;
+}
+
+u64 dd_journal_next_epoch(struct dd_journal *j)
+{
+	u64 seq;
+
+	mutex_lock(&j->lock);
+	seq = j->next_seq;
+	mutex_unlock(&j->lock);
+	return seq;
+}
+
+void dd_journal_checkpointed(struct dd_journal *j, u64 epoch)
+{
+	mutex_lock(&j->lock);
+	WARN_ON_ONCE(j->writing);
+	j->geo.epoch = epoch;
+	j->next_seq = max(j->next_seq, epoch);
+	j->overflow = false;
+	dd_journal_clear(j);
+	mutex_unlock(&j->lock);
+}
+
+u64 dd_journal_used(struct dd_journal *j)
+{
+	u64 n;
+
+	mutex_lock(&j->lock);
+	n = j->next_seq - j->geo.epoch;
+	mutex_unlock(&j->lock);
+	return n;
+}
+
+bool dd_journal_pending(struct dd_journal *j)
+{
+	bool r;
+
+	mutex_lock(&j->lock);
+	r = j->nr_pending || j->overflow;
+	mutex_unlock(&j->lock);
+	return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* replay */
+
+struct dd_replay {
+	struct dd_bm *bm;
+	const struct dd_journal_geometry *geo;
+	struct page *pages[DD_JOURNAL_IO_BLOCKS];
+	u64 first;		/* the seq in pages[0] */
+	unsigned int nr;	/* blocks read into pages */
+};
+
+/* The block of @seq, read with the ones after it up to the ring's end. */
+static int dd_replay_block(struct dd_replay *rp, u64 seq, struct page **p)
+{
+	u64 pos, s = seq;
+	unsigned int n;
+	int r;
+
+	if (seq < rp->first || seq >= rp->first + rp->nr) {
+		pos = do_div(s, rp->geo->nr_blocks);
+		n = min_t(u64, DD_JOURNAL_IO_BLOCKS, rp->geo->nr_blocks - pos);
+		rp->nr = 0;
+		r = dd_bm_read_blocks(rp->bm, rp->geo->start + pos, rp->pages,
+				      n);
+		if (r)
+			return r;
+		rp->first = seq;
+		rp->nr = n;
+	}
+	*p = rp->pages[seq - rp->first];
+	return 0;
+}
+
+/* Does the block belong to the journal at @seq? */
+static bool dd_continues(const struct dd_journal_geometry *geo,
+			 const struct dd_journal_header *h, u64 seq)
+{
+	u64 s = seq;
+
+	return dd_block_csum_ok(h) &&
+	       le32_to_cpu(h->hdr.type) == DD_BT_JOURNAL &&
+	       le64_to_cpu(h->hdr.blocknr) ==
+			geo->start + do_div(s, geo->nr_blocks) &&
+	       le64_to_cpu(h->journal_id) == geo->id &&
+	       le64_to_cpu(h->epoch) == geo->epoch &&
+	       le64_to_cpu(h->seq) == seq;
+}
+
+/*
+ * Check the records of a block that continues the journal, and hand
+ * them to @apply unless it is NULL. 0, or -EILSEQ with *why set.
+ */
+static int dd_replay_records(const struct dd_journal_geometry *geo,
+			     struct page *p, dd_journal_apply_fn apply,
+			     void *ctx, u64 *records, const char **why)
+{
+	const struct dd_journal_header *h = dd_jh(p);
+	u32 used = le32_to_cpu(h->used), off = 0, size;
+	const u8 *rec = dd_jrecords(p);
+	u8 type = 0;
+	u64 key, index;
+	int r;
+
+	if (used > DD_JOURNAL_PAYLOAD || used % 8) {
+		*why = "bad record length";
+		return -EILSEQ;
+	}
+	if (le32_to_cpu(h->flags) & ~DD_JF_END) {
+		*why = "unknown flags";
+		return -EILSEQ;
+	}
+	while (off < used) {
+		key = dd_jword(rec + off);
+		type = key >> DD_JR_TYPE_SHIFT;
+		index = key & DD_JR_INDEX_MASK;
+		size = dd_jr_size(type);
+		*why = NULL;
+		if (!size || off + size > used)
+			*why = "unknown record, or one crossing the end";
+		else if (type == DD_JR_MAP && index >= geo->logical_blocks)
+			*why = "map record beyond the logical size";
+		else if ((type == DD_JR_REFCOUNT ||
+			  type == DD_JR_FINGERPRINT) &&
+			 index >= geo->data_blocks)
+			*why = "record beyond the data device";
+		else if (type == DD_JR_MAP &&
+			 dd_jword(rec + off + 8) > geo->data_blocks)
+			*why = "map record beyond the data device";
+		else if (type == DD_JR_REFCOUNT &&
+			 dd_jword(rec + off + 8) >> 32)
+			*why = "refcount record above 32 bits";
+		else if (type == DD_JR_COUNTERS && index)
+			*why = "counters record with an index";
+		if (*why)
+			return -EILSEQ;
+		if (apply) {
+			r = apply(ctx, type, index, rec + off + 8);
+			if (r)
+				return r;
+			(*records)++;
+		}
+		off += size;
+	}
+	if ((le32_to_cpu(h->flags) & DD_JF_END) &&
+	    (!used || type != DD_JR_COUNTERS)) {
+		*why = "an append that does not end with its counters";
+		return -EILSEQ;
+	}
+	return 0;
+}
+
+/* How many blocks of whole appends follow the epoch; they are checked. */
+static int dd_replay_scan(struct dd_replay *rp, struct dd_journal_replayed *out,
+			  u64 *whole)
+{
+	const struct dd_journal_geometry *geo = rp->geo;
+	const char *why = NULL;
+	struct page *p;
+	u64 i, unused;
+	int r;
+
+	*whole = 0;
+	for (i = 0; i < geo->nr_blocks; i++) {
+		r = dd_replay_block(rp, geo->epoch + i, &p);
+		if (r)
+			return r;
+		if (!dd_continues(geo, dd_jh(p), geo->epoch + i))
+			break;
+		r = dd_replay_records(geo, p, NULL, NULL, &unused, &why);
+		if (r) {
+			DMERR("journal block %llu (sequence %llu) is damaged: %s",
+			      le64_to_cpu(dd_jh(p)->hdr.blocknr),
+			      geo->epoch + i, why);
+			return r;
+		}
+		if (le32_to_cpu(dd_jh(p)->flags) & DD_JF_END) {
+			*whole = i + 1;
+			out->appends++;
+		}
+	}
+	out->torn = i - *whole;
+	return 0;
+}
+
+int dd_journal_has_records(struct dd_bm *bm,
+			   const struct dd_journal_geometry *geo)
+{
+	struct dd_replay rp = { .bm = bm, .geo = geo, .nr = 0 };
+	u64 s = geo->epoch;
+	struct page *p;
+	int r;
+
+	p = alloc_page(GFP_NOIO);
+	if (!p)
+		return -ENOMEM;
+	rp.pages[0] = p;
+	r = dd_bm_read_blocks(bm, geo->start + do_div(s, geo->nr_blocks),
+			      rp.pages, 1);
+	if (!r)
+		r = dd_continues(geo, dd_jh(p), geo->epoch);
+	__free_page(p);
+	return r;
+}
+
+int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
+		      dd_journal_apply_fn apply, void *ctx,
+		      struct dd_journal_replayed *out)
+{
+	struct dd_replay rp = { .bm = bm, .geo = geo };
+	const char *why;
+	struct page *p;
+	unsigned int i;
+	u64 whole, k;
+	int r = 0;
+
+	memset(out, 0, sizeof(*out));
+	for (i = 0; i < DD_JOURNAL_IO_BLOCKS; i++) {
+		rp.pages[i] = alloc_page(GFP_NOIO);
+		if (!rp.pages[i]) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
+	r = dd_replay_scan(&rp, out, &whole);
+	for (k = 0; !r && k < whole; k++) {
+		r = dd_replay_block(&rp, geo->epoch + k, &p);
+		/* Read again: it must still be what the scan checked. */
+		if (!r && !dd_continues(geo, dd_jh(p), geo->epoch + k))
+			r = -EIO;
+		if (!r)
+			r = dd_replay_records(geo, p, apply, ctx,
+					      &out->records, &why);
+		cond_resched();
+	}
+	if (!r)
+		out->blocks = whole;
+out:
+	while (i)
+		__free_page(rp.pages[--i]);
+	return r;
+}

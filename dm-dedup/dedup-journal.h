@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * The redo journal (format version 2): what the metadata changed since
+ * its last checkpoint, as records appended to a ring of blocks on the
+ * metadata device, so that a flush costs one FUA write instead of a
+ * commit of the trees. Documentation/dedup-format.rst, "Journal", is
+ * the format; this unit encodes, writes and replays it, and knows
+ * nothing of the trees: the metadata unit notes each change and applies
+ * what replay hands back.
+ *
+ * Locking: j->lock guards the records being collected and the ring's
+ * position; it nests inside md->lock. A batch taken from it is written
+ * with no lock held; the metadata's caller writes one batch at a time
+ * and never a batch across a checkpoint.
+ */
+#ifndef DM_DEDUP_JOURNAL_H
+#define DM_DEDUP_JOURNAL_H
+
+#include <linux/mutex.h>
+#include <linux/types.h>
+
+#include "dedup-block.h"
+
+struct page;
+
+/* Where the journal lives and which epoch follows the state read. */
+struct dd_journal_geometry {
+	u64 start;
+	u64 nr_blocks;
+	u64 id;
+	u64 epoch;
+	u64 logical_blocks;	/* bounds of the record indexes */
+	u64 data_blocks;
+};
+
+struct dd_journal {
+	struct dd_bm *bm;
+	struct mutex lock;	/* everything below */
+	struct dd_journal_geometry geo;	/* geo.epoch: the running epoch */
+	u64 next_seq;		/* where the next append starts */
+	struct page **pending;	/* blocks of records not appended yet */
+	unsigned int nr_pending;
+	unsigned int max_pending;
+	u32 used;		/* record bytes in the last pending block */
+	bool overflow;		/* records were dropped: checkpoint next */
+	bool writing;		/* a batch was taken and is not written yet */
+	struct page **spare;	/* written blocks kept for reuse */
+	unsigned int nr_spare;
+	u64 appends;
+	u64 blocks_written;
+};
+
+/* Blocks taken for one append; written by dd_journal_write(). */
+struct dd_journal_batch {
+	struct page **pages;
+	unsigned int nr;
+	u64 first_seq;
+};
+
+int dd_journal_init(struct dd_journal *j, struct dd_bm *bm,
+		    const struct dd_journal_geometry *geo, u64 next_seq);
+void dd_journal_exit(struct dd_journal *j);
+
+void dd_journal_note(struct dd_journal *j, u8 type, u64 index,
+		     const void *value, size_t len);
+int dd_journal_take(struct dd_journal *j, const u64 *counters, u64 txn,
+		    struct dd_journal_batch *b);
+int dd_journal_write(struct dd_journal *j, struct dd_journal_batch *b);
+void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b);
+
+/* The epoch a checkpoint written now starts: the next append's seq. */
+u64 dd_journal_next_epoch(struct dd_journal *j);
+/* The checkpoint naming @epoch is on disk: the records noted are in it. */
+void dd_journal_checkpointed(struct dd_journal *j, u64 epoch);
+/* Blocks appended in the running epoch, and whether records wait. */
+u64 dd_journal_used(struct dd_journal *j);
+bool dd_journal_pending(struct dd_journal *j);
+
+/* What replay found. */
+struct dd_journal_replayed {
+	u64 blocks;		/* in whole appends, applied */
+	u64 appends;
+	u64 records;
+	u64 torn;		/* blocks after the last END, ignored */
+};
+
+/* 1 when a block follows the epoch (replay has work), 0 if not, < 0. */
+int dd_journal_has_records(struct dd_bm *bm,
+			   const struct dd_journal_geometry *geo);
+
+typedef int (*dd_journal_apply_fn)(void *ctx, u8 type, u64 index,
+				   const void *value);
+
+/*
+ * Read the journal that follows the state of @geo->epoch and hand every
+ * record of its whole appends to @apply, in order. -EILSEQ when a block
+ * that continues the journal is malformed (damage, not its end).
+ */
+int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
+		      dd_journal_apply_fn apply, void *ctx,
+		      struct dd_journal_replayed *out);
+
+#endif
