@@ -6,9 +6,12 @@
 #      bookworm-backports, debootstrap, python3-matplotlib, linux-perf);
 #   2. builds the module and the release `dedup` tool;
 #   3. builds the VM image pool once (scripts/bench-images.sh, cached);
-#   4. boots the guest once with three disks (data 12 GiB, meta 1 GiB, the
-#      pool) and 10 GiB of RAM (the pool fits in its page cache), and runs
-#      tests/bench/bench.py (25 to 40 minutes under TCG);
+#   4. boots the guest once with five disks (data 12 GiB, meta 1 GiB, the
+#      pool, and datasync 12 GiB and metasync 1 GiB, attached with
+#      cache=none so that guest flushes reach the host's disk) and 10 GiB of
+#      RAM (the pool fits in its page cache), and runs tests/bench/bench.py
+#      (25 to 40 minutes under TCG, plus the cache=none runs, whose time
+#      depends on how fast the host's disk flushes);
 #   5. in the same boot, profiles dm-dedup's write path (tests/bench/profile.sh:
 #      CPU samples, the block copy next to the hash, lock contention);
 #   6. writes the table, JSON and charts (tests/bench/report.py) and the
@@ -19,10 +22,13 @@
 # small sizes, one repetition, two images) writes to tests/out/bench/ instead.
 #
 # Environment: BENCH_REPS (3), BENCH_QUICK, BENCH_STACKS ("raw thin vdo
-# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync discard activation pool"),
-# BENCH_CACHE (/var/cache/dm-dedup-bench), BENCH_OUT (result directory),
-# BENCH_BEFORE (a commit whose module runs as one more stack, "before"),
-# BENCH_DATA_GIB (12), BENCH_PROFILE (workloads for profile.sh, default
+# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync fsync_sync
+# discard activation pool pool_sync"; the _sync ones repeat fsync and pool on
+# the cache=none disks), BENCH_CACHE (/var/cache/dm-dedup-bench; its file
+# system must allow O_DIRECT), BENCH_OUT (result directory), BENCH_BEFORE (a
+# commit whose module runs as one more stack, "before"), BENCH_DATA_GIB (12),
+# BENCH_SYNC_DATA_GIB (the datasync disk, default BENCH_DATA_GIB),
+# BENCH_PROFILE (workloads for profile.sh, default
 # "seq0 seq100 rand50"; "none" skips it), SKIP_DEPS=1, SKIP_BUILD=1,
 # GUEST_TIMEOUT (7200).
 set -euo pipefail
@@ -42,6 +48,7 @@ else
     REPS=${BENCH_REPS:-3}
 fi
 DATA_GIB=${BENCH_DATA_GIB:-12}
+SYNC_DATA_GIB=${BENCH_SYNC_DATA_GIB:-$DATA_GIB}
 PROFILE=${BENCH_PROFILE:-seq0 seq100 rand50}
 PROFILE_BYTES=256M
 [ "$QUICK" = 1 ] && PROFILE_BYTES=32M
@@ -105,11 +112,15 @@ fi
 BENCH_CACHE=$CACHE "$REPO/scripts/bench-images.sh"
 
 # Fresh sparse backing files every run; the guest discards them between
-# stacks as well.
+# stacks as well.  datasync and metasync are attached with cache=none.
 mkdir -p "$CACHE/disks" "$OUT"
-rm -f "$CACHE/disks/data.img" "$CACHE/disks/meta.img"
+DISKS=("$CACHE/disks/data.img" "$CACHE/disks/meta.img"
+       "$CACHE/disks/datasync.img" "$CACHE/disks/metasync.img")
+rm -f "${DISKS[@]}"
 truncate -s "${DATA_GIB}G" "$CACHE/disks/data.img"
 truncate -s 1G "$CACHE/disks/meta.img"
+truncate -s "${SYNC_DATA_GIB}G" "$CACHE/disks/datasync.img"
+truncate -s 1G "$CACHE/disks/metasync.img"
 
 # The guest writes results.json into a scratch directory first, so that a
 # failed run never replaces the published results.
@@ -118,10 +129,11 @@ rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
 
 host_cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
 qemu_ver=$(qemu-system-x86_64 --version | head -n 1)
+host_disk=$(findmnt -no SOURCE,FSTYPE -T "$CACHE/disks" | head -n 1)
 q() { printf '%q' "$1"; }
 CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
 export BENCH_STACKS=$(q "$STACKS") BENCH_BEFORE_KO=$(q "$BEFORE_KO") BENCH_BEFORE=$(q "${before:-}")
-export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync discard activation pool}")
+export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync fsync_sync discard activation pool pool_sync}")
 export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/target/release/dedup")
 /usr/bin/python3 $(q "$REPO/tests/bench/bench.py") || exit
 # A failed profile must not cost the benchmark's results: it says so in
@@ -134,18 +146,21 @@ exit 0"
 
 say "booting the guest (results in $SCRATCH)"
 start=$(date +%s)
-trap 'rm -f "$CACHE/disks/data.img" "$CACHE/disks/meta.img"' EXIT
+trap 'rm -f "${DISKS[@]}"' EXIT
 # --no-debug: the tests' slub_debug and KFENCE would tax each stack by how
 # often it allocates.
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-7200} "$REPO/scripts/guest-run.sh" --no-debug --memory 10G \
     --rwdir "$SCRATCH" \
     --drive data="$CACHE/disks/data.img" --drive meta="$CACHE/disks/meta.img" \
-    --drive pool="$CACHE/pool.img" -- "$CMD"
+    --drive pool="$CACHE/pool.img" \
+    --sync-drive datasync="$CACHE/disks/datasync.img" \
+    --sync-drive metasync="$CACHE/disks/metasync.img" -- "$CMD"
 say "guest finished after $(( $(date +%s) - start )) s"
 
 /usr/bin/python3 "$REPO/tests/bench/report.py" "$SCRATCH/results.json" "$OUT" \
     --host-cpu "$host_cpu" --host-cores "$(nproc)" \
     --host-mem "$(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo)" \
+    --host-disk "$host_disk" \
     --qemu "$qemu_ver" --commit "$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)"
 if [ -s "$SCRATCH/profile.txt" ]; then
     cp "$SCRATCH/profile.txt" "$OUT/profile.txt"

@@ -17,6 +17,11 @@
 #                   NAME (repeatable); in the guest /sys/block/vd*/serial
 #                   names it.  cache=unsafe (guest flushes stop at the host
 #                   page cache), discard=unmap (discards punch holes)
+#   --sync-drive NAME=FILE  the same but cache=none: QEMU opens FILE with
+#                   O_DIRECT (no host page cache; FILE's file system must
+#                   allow it) and a guest flush becomes an fdatasync of FILE,
+#                   so it costs what the host's disk takes to make the
+#                   writes durable (repeatable)
 #   --print-kver    print the selected guest kernel version and exit
 #   --no-debug      boot without slub_debug, KFENCE sampling and panic_on_warn
 #                   (for benchmarks; tests always keep them)
@@ -54,7 +59,7 @@ while [ $# -gt 0 ]; do
         --rwdir) RWDIRS+=("$2"); shift 2 ;;
         --kernel) KERNEL=$2; shift 2 ;;
         --console) CONSOLE_LOG=$2; shift 2 ;;
-        --drive) DRIVES+=("$2"); shift 2 ;;
+        --drive|--sync-drive) DRIVES+=("$1 $2"); shift 2 ;;
         --no-debug) APPEND=$APPEND_FAST; shift ;;
         --print-kver) PRINT_KVER=1; shift ;;
         --) shift; break ;;
@@ -106,12 +111,16 @@ for d in "${RWDIRS[@]}"; do VNG+=(--rwdir "$d"); done
 # shows warnings, errors and oopses (for post-mortems of a dead guest).
 QOPTS="-chardev file,id=ddconsole,path=$CONSOLE_LOG -device virtconsole,chardev=ddconsole"
 for d in "${DRIVES[@]}"; do
+    # "OPTION NAME=FILE", OPTION --drive or --sync-drive
+    dopt=${d%% *} d=${d#* }
+    dcache=unsafe
+    [ "$dopt" = --drive ] || dcache=none
     dname=${d%%=*} dfile=${d#*=}
     [[ "$dname" =~ ^[A-Za-z0-9_-]+$ ]] && [ "$dname" != "$d" ] ||
-        { echo "guest-run: --drive wants NAME=FILE, NAME of [A-Za-z0-9_-]: $d" >&2; exit 2; }
-    [ -f "$dfile" ] || { echo "guest-run: --drive $dname: no file $dfile" >&2; exit 2; }
-    [[ "$dfile" != *[,[:space:]]* ]] || { echo "guest-run: --drive $dname: no commas or spaces in $dfile" >&2; exit 2; }
-    QOPTS+=" -drive if=none,id=dd-$dname,file=$dfile,format=raw,cache=unsafe,discard=unmap,aio=threads"
+        { echo "guest-run: $dopt wants NAME=FILE, NAME of [A-Za-z0-9_-]: $d" >&2; exit 2; }
+    [ -f "$dfile" ] || { echo "guest-run: $dopt $dname: no file $dfile" >&2; exit 2; }
+    [[ "$dfile" != *[,[:space:]]* ]] || { echo "guest-run: $dopt $dname: no commas or spaces in $dfile" >&2; exit 2; }
+    QOPTS+=" -drive if=none,id=dd-$dname,file=$dfile,format=raw,cache=$dcache,discard=unmap,aio=threads"
     QOPTS+=" -device virtio-blk-pci,drive=dd-$dname,serial=$dname"
 done
 VNG+=(--append "$APPEND" --append "console=hvc0 loglevel=5" "--qemu-opts=$QOPTS"

@@ -1,10 +1,14 @@
 #!/usr/bin/python3
 """Guest side of `make bench`: every stack and every workload in one boot.
 
-Runs INSIDE the QEMU guest started by scripts/bench.sh.  Three virtio disks
+Runs INSIDE the QEMU guest started by scripts/bench.sh.  Five virtio disks
 are attached, found by serial: `data` (the backing device every stack uses),
 `meta` (the metadata device of dm-thin and dm-dedup; dm-vdo keeps its
-metadata on `data`) and `pool` (an ext4 disk of VM images, read-only).
+metadata on `data`), `pool` (an ext4 disk of VM images, read-only), and
+`datasync` and `metasync`, a second data and metadata pair that QEMU
+attaches with cache=none: a flush there reaches the host's disk, where on
+the others (cache=unsafe) it stops at the host's page cache.  The
+workloads fsync_sync and pool_sync repeat fsync and pool on that pair.
 
 Stacks, each created fresh on discarded disks for every workload:
   raw    dm-linear over `data`
@@ -53,6 +57,10 @@ ACT_BLOCKS = (64 if QUICK else 1024) * 1024   # unique blocks held at activation
 THIN_CHUNK_SECTORS = 128            # 64 KiB, LVM's default chunk size
 VDO_CACHE_BLOCKS = 32768            # dm-vdo's default block map cache (128 MiB)
 VDO_ERA = 16380                     # dm-vdo's default block map era length
+
+# QEMU's cache mode of each data+metadata pair, as scripts/bench.sh attaches
+# them (the guest cannot see it).
+DISK_CACHE = {"data+meta": "unsafe", "datasync+metasync": "none"}
 
 RESULTS = {"version": 1, "config": {}, "machine": {}, "runs": [],
            "checks": [], "pool": [], "memory": []}
@@ -468,7 +476,7 @@ def w_randread(stacks, data, meta):
     save()
 
 
-def w_fsync(stacks, data, meta):
+def w_fsync(stacks, data, meta, workload="fsync"):
     # Size-bound, so that a fast machine never wraps around its own region.
     region = (1 if QUICK else 4) * MIB
     for cls in stacks:
@@ -478,9 +486,9 @@ def w_fsync(stacks, data, meta):
             runs = [fio(s.dev, rw="write", bs="4k", iodepth=1, fsync=1, size=region,
                         offset=i * region, **data_opts(0, 900 + i))
                     for i in range(REPS + 1)]
-            record_amplification("fsync", "4k+fsync", s.name, (REPS + 1) * region, io0,
+            record_amplification(workload, "4k+fsync", s.name, (REPS + 1) * region, io0,
                                  io_snapshot(data, meta))
-            record("fsync", "4k+fsync", s.name, "iops", "IOPS", runs, extra=s.extra())
+            record(workload, "4k+fsync", s.name, "iops", "IOPS", runs, extra=s.extra())
         finally:
             s.remove()
     save()
@@ -606,7 +614,10 @@ def w_activation(stacks, data, meta):
     save()
 
 
-def w_pool(stacks, data, meta):
+def w_pool(stacks, data, meta, key="pool", memory=True):
+    """The VM images copied onto ext4 on each stack; the rows go to
+    RESULTS[key] (key is also the workload name of their amplification),
+    and with memory, the kernel memory each stack held to RESULTS["memory"]."""
     pooldev = disk("pool")
     if pooldev is None:
         raise SystemExit("bench: no disk with serial 'pool' (scripts/bench.sh attaches it)")
@@ -620,19 +631,13 @@ def w_pool(stacks, data, meta):
             images = images[:2]
         apparent = sum(os.path.getsize(f) for f in images)
         log("pool: %d images, %.0f MiB apparent" % (len(images), apparent / MIB))
-        p = sh([DEDUP_BIN, "estimate", "--json", "--block-sizes", "4096"] + images)
-        b = json.loads(p.stdout)["block_sizes"][0]
-        est = {"images": [os.path.basename(f) for f in images], "apparent_bytes": apparent,
-               "blocks": b["total_blocks"], "zero_blocks": b["zero_blocks"],
-               "stored_blocks": b["stored_bytes"] // BLOCK,
-               "savings_percent": b["savings_percent"]}
-        RESULTS["pool_estimate"] = est
-        log("pool estimate: %s" % est)
+        if "pool_estimate" not in RESULTS:       # the same images for pool and pool_sync
+            pool_estimate(images, apparent)
         mnt = "/tmp/bench-fs"
         os.makedirs(mnt, exist_ok=True)
         for cls in stacks:
             discard_disks(data, meta)
-            k0 = kernel_memory()
+            k0 = kernel_memory() if memory else None
             s = cls(data, meta)
             s.create()
             try:
@@ -653,31 +658,24 @@ def w_pool(stacks, data, meta):
                 sh(["sync"])
                 secs = time.monotonic() - t0
                 flush(s.dev)
-                record_amplification("pool", "cp", s.name, apparent, io0,
+                record_amplification(key, "cp", s.name, apparent, io0,
                                      io_snapshot(data, meta))
                 df1 = os.statvfs(mnt)
                 fs_blocks = (df0.f_bfree - df1.f_bfree) * df1.f_frsize // BLOCK
                 phys1 = s.physical_blocks()
                 sh(["umount", mnt])
-                k1 = kernel_memory()
+                k1 = kernel_memory() if memory else None
                 stored = fs_blocks if phys1 is None else phys1 - phys0
                 row = {"stack": s.name, "ingest_secs": round(secs, 2),
                        "ingest_bytes_per_sec": apparent / secs,
                        "fs_blocks_used": fs_blocks, "stored_blocks": stored,
                        "savings_percent": round(100.0 * (1 - stored * BLOCK / apparent), 2),
                        "extra": s.extra()}
-                RESULTS["pool"].append(row)
-                mem = {"stack": s.name, "before": k0, "after": k1,
-                       "delta_kib": k1["used_kib"] - k0["used_kib"],
-                       "counted_delta_kib": k1["kernel_counted_kib"] - k0["kernel_counted_kib"],
-                       "data_blocks": s.data_blocks(), "stored_blocks": stored}
-                mem["bytes_per_data_block"] = round(mem["delta_kib"] * 1024 / s.data_blocks(), 2)
-                mem["bytes_per_stored_block"] = round(mem["delta_kib"] * 1024 / max(1, stored), 2)
-                RESULTS["memory"].append(mem)
-                log("pool %-6s ingest %.1f s, stored %d blocks (%.2f %% saved), kernel "
-                    "memory +%d KiB = %.2f B per data block" % (
-                        s.name, secs, stored, row["savings_percent"], mem["delta_kib"],
-                        mem["bytes_per_data_block"]))
+                RESULTS.setdefault(key, []).append(row)
+                log("%s %-6s ingest %.1f s, stored %d blocks (%.2f %% saved)" % (
+                    key, s.name, secs, stored, row["savings_percent"]))
+                if memory:
+                    record_memory(s, k0, k1, stored)
             finally:
                 if os.path.ismount(mnt):
                     sh(["umount", mnt])
@@ -687,9 +685,55 @@ def w_pool(stacks, data, meta):
         sh(["umount", src])
 
 
+def pool_estimate(images, apparent):
+    """`dedup estimate` over the images: the exact 4 KiB answer."""
+    p = sh([DEDUP_BIN, "estimate", "--json", "--block-sizes", "4096"] + images)
+    b = json.loads(p.stdout)["block_sizes"][0]
+    est = {"images": [os.path.basename(f) for f in images], "apparent_bytes": apparent,
+           "blocks": b["total_blocks"], "zero_blocks": b["zero_blocks"],
+           "stored_blocks": b["stored_bytes"] // BLOCK,
+           "savings_percent": b["savings_percent"]}
+    RESULTS["pool_estimate"] = est
+    log("pool estimate: %s" % est)
+
+
+def record_memory(s, k0, k1, stored):
+    """Kernel memory the stack held after the pool copy (k1, caches dropped)
+    against before it was created (k0)."""
+    mem = {"stack": s.name, "before": k0, "after": k1,
+           "delta_kib": k1["used_kib"] - k0["used_kib"],
+           "counted_delta_kib": k1["kernel_counted_kib"] - k0["kernel_counted_kib"],
+           "data_blocks": s.data_blocks(), "stored_blocks": stored}
+    mem["bytes_per_data_block"] = round(mem["delta_kib"] * 1024 / s.data_blocks(), 2)
+    mem["bytes_per_stored_block"] = round(mem["delta_kib"] * 1024 / max(1, stored), 2)
+    RESULTS["memory"].append(mem)
+    log("pool %-6s kernel memory +%d KiB = %.2f B per data block" % (
+        s.name, mem["delta_kib"], mem["bytes_per_data_block"]))
+
+
+def sync_disks():
+    """The data and metadata disks attached with cache=none."""
+    data, meta = disk("datasync"), disk("metasync")
+    if not data or not meta:
+        raise SystemExit("bench: no disks with serials 'datasync' and 'metasync' "
+                         "(scripts/bench.sh attaches them with cache=none)")
+    return data, meta
+
+
+def w_fsync_sync(stacks, data, meta):
+    """w_fsync on the disks that honour flushes."""
+    w_fsync(stacks, *sync_disks(), workload="fsync_sync")
+
+
+def w_pool_sync(stacks, data, meta):
+    """w_pool on the disks that honour flushes, without the memory figures."""
+    w_pool(stacks, *sync_disks(), key="pool_sync", memory=False)
+
+
 WORKLOAD_FUNCS = {"seqwrite": w_seqwrite, "randwrite": w_randwrite,
-                  "randread": w_randread, "fsync": w_fsync, "discard": w_discard,
-                  "pool": w_pool, "activation": w_activation}
+                  "randread": w_randread, "fsync": w_fsync, "fsync_sync": w_fsync_sync,
+                  "discard": w_discard, "pool": w_pool, "pool_sync": w_pool_sync,
+                  "activation": w_activation}
 
 
 def cpu_reference():
@@ -805,8 +849,14 @@ def main():
                          "timed_secs": TIMED_SECS, "activation_blocks": ACT_BLOCKS,
                          "data_bytes": sectors(data) * 512,
                          "meta_bytes": sectors(meta) * 512,
+                         "disk_cache": {"data+meta": DISK_CACHE["data+meta"]},
                          "thin_chunk_bytes": THIN_CHUNK_SECTORS * 512,
                          "vdo_block_map_cache_bytes": VDO_CACHE_BLOCKS * BLOCK}
+    sync_data, sync_meta = disk("datasync"), disk("metasync")
+    if sync_data and sync_meta:
+        RESULTS["config"].update(sync_data_bytes=sectors(sync_data) * 512,
+                                 sync_meta_bytes=sectors(sync_meta) * 512)
+        RESULTS["config"]["disk_cache"]["datasync+metasync"] = DISK_CACHE["datasync+metasync"]
     stacks = [STACK_CLASSES[n] for n in STACKS]
     t0 = time.monotonic()
     for w in WORKLOADS:
