@@ -17,7 +17,8 @@ def test_fsync_appends_to_the_journal(make_dedup, seed):
     with BlockDev(d.path) as bd:
         bd.write(0, block_data(seed, 1))
         st0 = d.status()
-        assert st0["journal_total"] == 2048, st0["raw"]
+        # a quarter of what the trees need, 64 to 2048 blocks
+        assert 64 <= st0["journal_total"] <= 2048, st0["raw"]
         bd.fsync()
         st1 = d.status()
         assert st1["transaction_id"] == st0["transaction_id"], st1["raw"]

@@ -64,7 +64,9 @@ def test_format_version_1_is_upgraded_at_the_first_read_write_activation(backing
     dd.remove()
     assert version() == 1, "a read-only activation wrote the superblock"
     with ddlib.Kmsg() as k:
-        dd = DedupDev.create("ddttool", meta, data, LOGICAL_SECTORS)
+        # no periodic commit: it would empty the journal before it is read
+        dd = DedupDev.create("ddttool", meta, data, LOGICAL_SECTORS,
+                             ["commit_interval", "3600"])
         lines = k.lines()
     assert any("metadata format 2: journal of" in l for l in lines), lines
     st = dd.status()
