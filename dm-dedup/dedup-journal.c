@@ -32,6 +32,12 @@ static u64 dd_jword(const u8 *rec)
 	return le64_to_cpu(*(const __le64 *)rec);
 }
 
+/* Where in the ring the block of sequence number @seq lives. */
+static u64 dd_ring_pos(const struct dd_journal_geometry *geo, u64 seq)
+{
+	return do_div(seq, geo->nr_blocks);
+}
+
 /* Bytes of a record of @type, key included; 0 for an unknown type. */
 static u32 dd_jr_size(u8 type)
 {
@@ -205,12 +211,10 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, u64 txn,
 	}
 	dd_jh(j->pending[j->nr_pending - 1])->used = cpu_to_le32(j->used);
 	for (i = 0; i < j->nr_pending; i++) {
-		u64 seq = j->next_seq + i;
-
 		h = dd_jh(j->pending[i]);
 		h->hdr.type = cpu_to_le32(DD_BT_JOURNAL);
 		h->hdr.blocknr = cpu_to_le64(j->geo.start +
-					     do_div(seq, j->geo.nr_blocks));
+					     dd_ring_pos(&j->geo, j->next_seq + i));
 		h->hdr.txn = cpu_to_le64(txn);
 		h->journal_id = cpu_to_le64(j->geo.id);
 		h->epoch = cpu_to_le64(j->geo.epoch);
@@ -238,12 +242,11 @@ out:
 int dd_journal_write(struct dd_journal *j, struct dd_journal_batch *b)
 {
 	unsigned int done = 0, n;
-	u64 seq, pos;
+	u64 pos;
 	int r = 0;
 
 	while (!r && done < b->nr) {
-		seq = b->first_seq + done;
-		pos = do_div(seq, j->geo.nr_blocks);
+		pos = dd_ring_pos(&j->geo, b->first_seq + done);
 		n = min_t(u64, b->nr - done, j->geo.nr_blocks - pos);
 		r = dd_bm_write_blocks(j->bm, j->geo.start + pos,
 				       b->pages + done, n);
@@ -301,6 +304,16 @@ u64 dd_journal_used(struct dd_journal *j)
 	return n;
 }
 
+void dd_journal_stats(struct dd_journal *j, u64 *used, u64 *appends,
+		      u64 *blocks_written)
+{
+	mutex_lock(&j->lock);
+	*used = j->next_seq - j->geo.epoch;
+	*appends = j->appends;
+	*blocks_written = j->blocks_written;
+	mutex_unlock(&j->lock);
+}
+
 bool dd_journal_pending(struct dd_journal *j)
 {
 	bool r;
@@ -325,12 +338,12 @@ struct dd_replay {
 /* The block of @seq, read with the ones after it up to the ring's end. */
 static int dd_replay_block(struct dd_replay *rp, u64 seq, struct page **p)
 {
-	u64 pos, s = seq;
 	unsigned int n;
+	u64 pos;
 	int r;
 
 	if (seq < rp->first || seq >= rp->first + rp->nr) {
-		pos = do_div(s, rp->geo->nr_blocks);
+		pos = dd_ring_pos(rp->geo, seq);
 		n = min_t(u64, DD_JOURNAL_IO_BLOCKS, rp->geo->nr_blocks - pos);
 		rp->nr = 0;
 		r = dd_bm_read_blocks(rp->bm, rp->geo->start + pos, rp->pages,
@@ -348,12 +361,10 @@ static int dd_replay_block(struct dd_replay *rp, u64 seq, struct page **p)
 static bool dd_continues(const struct dd_journal_geometry *geo,
 			 const struct dd_journal_header *h, u64 seq)
 {
-	u64 s = seq;
-
 	return dd_block_csum_ok(h) &&
 	       le32_to_cpu(h->hdr.type) == DD_BT_JOURNAL &&
 	       le64_to_cpu(h->hdr.blocknr) ==
-			geo->start + do_div(s, geo->nr_blocks) &&
+			geo->start + dd_ring_pos(geo, seq) &&
 	       le64_to_cpu(h->journal_id) == geo->id &&
 	       le64_to_cpu(h->epoch) == geo->epoch &&
 	       le64_to_cpu(h->seq) == seq;
@@ -458,17 +469,14 @@ static int dd_replay_scan(struct dd_replay *rp, struct dd_journal_replayed *out,
 int dd_journal_has_records(struct dd_bm *bm,
 			   const struct dd_journal_geometry *geo)
 {
-	struct dd_replay rp = { .bm = bm, .geo = geo, .nr = 0 };
-	u64 s = geo->epoch;
 	struct page *p;
 	int r;
 
 	p = alloc_page(GFP_NOIO);
 	if (!p)
 		return -ENOMEM;
-	rp.pages[0] = p;
-	r = dd_bm_read_blocks(bm, geo->start + do_div(s, geo->nr_blocks),
-			      rp.pages, 1);
+	r = dd_bm_read_blocks(bm, geo->start + dd_ring_pos(geo, geo->epoch),
+			      &p, 1);
 	if (!r)
 		r = dd_continues(geo, dd_jh(p), geo->epoch);
 	__free_page(p);

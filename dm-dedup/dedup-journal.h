@@ -75,6 +75,8 @@ void dd_journal_checkpointed(struct dd_journal *j, u64 epoch);
 /* Blocks appended in the running epoch, and whether records wait. */
 u64 dd_journal_used(struct dd_journal *j);
 bool dd_journal_pending(struct dd_journal *j);
+void dd_journal_stats(struct dd_journal *j, u64 *used, u64 *appends,
+		      u64 *blocks_written);
 
 /* What replay found. */
 struct dd_journal_replayed {

@@ -1542,7 +1542,8 @@ bool dd_md_journal_pending(struct dd_metadata *md)
 bool dd_md_checkpoint_due(struct dd_metadata *md)
 {
 	return md->journaled &&
-	       dd_journal_used(&md->jnl) >= md->jnl.geo.nr_blocks / 2;
+	       dd_journal_used(&md->jnl) >=
+			le64_to_cpu(md->sb.journal_blocks) / 2;
 }
 
 /*
@@ -1708,13 +1709,13 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->zero_writes = md->zero_writes;
 	st->discarded = md->discarded;
 	st->checkpoints = md->checkpoints;
-	if (md->journaled) {
-		mutex_lock(&md->jnl.lock);
-		st->journal_used = md->jnl.next_seq - md->jnl.geo.epoch;
-		st->journal_appends = md->jnl.appends;
-		st->journal_blocks_written = md->jnl.blocks_written;
-		mutex_unlock(&md->jnl.lock);
-	}
+	st->journal_used = 0;
+	st->journal_appends = 0;
+	st->journal_blocks_written = 0;
+	if (md->journaled)
+		dd_journal_stats(&md->jnl, &st->journal_used,
+				 &st->journal_appends,
+				 &st->journal_blocks_written);
 	st->journal_total = le64_to_cpu(md->sb.journal_blocks);
 	st->journal_replayed = md->replayed.blocks;
 	up_read(&md->lock);

@@ -60,7 +60,7 @@ def test_format_version_1_is_upgraded_at_the_first_read_write_activation(backing
     assert version() == 1
     dd = DedupDev.create("ddttool", meta, data, LOGICAL_SECTORS, ["read_only"])
     st = dd.status()
-    assert (st["mode"], st["journal_total"]) == ("ro", 0), st["raw"]
+    assert (st["mode"], st["journal_used"], st["journal_total"]) == ("ro", 0, 0), st["raw"]
     dd.remove()
     assert version() == 1, "a read-only activation wrote the superblock"
     with ddlib.Kmsg() as k:
