@@ -262,6 +262,7 @@ class Dedup(Stack):
         s = self.stats()
         keys = ("data_blocks_live", "mapped_blocks", "unique_writes", "duplicate_writes",
                 "zero_writes", "index_bytes", "index_entries", "index_full",
+                "index_candidates", "index_false_candidates",
                 "metadata_blocks_used", "transaction_id", "deferred_reads")
         return {k: s[k] for k in keys if k in s}
 

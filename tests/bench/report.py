@@ -137,7 +137,32 @@ def targets(res, groups):
     if "dedup" in mem and "vdo" in mem:
         add("kernel RAM per data block: dm-dedup / dm-vdo", mem["dedup"]["bytes_per_data_block"],
             mem["vdo"]["bytes_per_data_block"], 1.0, higher=False)
+    if "dedup" in pool and "dedup" in mem:
+        x, blocks = pool["dedup"].get("extra", {}), mem["dedup"]["data_blocks"]
+        if x.get("index_bytes"):
+            per = x["index_bytes"] / blocks
+            out.append(("index RAM per data block, dm-dedup stats (%d data blocks)" % blocks,
+                        "%.2f B" % per, "at most 4 B", "met" if per <= 4.0 else "MISSED"))
+        if "index_false_candidates" in x:
+            lookups = x["unique_writes"] + x["duplicate_writes"]
+            out.append(("VM pool: index false candidates per lookup (%d of %d)" % (
+                        x["index_false_candidates"], lookups),
+                        "%.5f" % (x["index_false_candidates"] / max(1, lookups)),
+                        "measured (no bar)", "-"))
+    per16 = index_bytes_for(1 << 32) / (1 << 32)
+    out.append(("index RAM per data block computed for 16 TiB (2^32 blocks)",
+                "%.2f B" % per16, "at most 4 B", "met" if per16 <= 4.0 else "MISSED"))
     return out
+
+
+def index_bytes_for(data_blocks):
+    """dd_index_bytes_for() of dedup-index.c: the geometry of
+    Documentation/dedup-format.rst ("Saved state")."""
+    leaves = -(-data_blocks // 127)
+    leaf_bits = max(1, leaves.bit_length())
+    entry_bits = max(30, leaf_bits + 4)
+    buckets = max(2, -(-data_blocks * 100 // (95 * 8)))
+    return -(-(buckets * 8 * entry_bits) // 64) * 8
 
 
 def act_blocks_text(res):
