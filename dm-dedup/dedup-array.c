@@ -156,6 +156,32 @@ int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries)
 	return 0;
 }
 
+int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
+			  u64 *out, unsigned int max)
+{
+	u64 first = leaf_nr * a->per_leaf, b;
+	struct dd_block leaf;
+	const u8 *e;
+	u32 i, count;
+	int n = 0, r;
+
+	if (first >= a->nr_entries)
+		return -ERANGE;
+	count = min_t(u64, a->per_leaf, a->nr_entries - first);
+	r = dd_find_leaf(a, leaf_nr, false, &b);
+	if (r || !b)
+		return r;
+	r = dd_read(a, b, 0, false, &leaf);
+	if (r)
+		return r;
+	e = dd_payload(&leaf);
+	for (i = 0; i < count && n < max; i++, e += a->entry_size)
+		if (!memcmp(e, value, a->entry_size))
+			out[n++] = first + i;
+	dd_bm_release(&leaf);
+	return n;
+}
+
 /* A writable copy of the block at @*nr (or a new one if absent). */
 static int dd_writable(struct dd_array *a, u64 *nr, u8 level,
 		       struct dd_block *blk)

@@ -36,6 +36,12 @@ int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait);
 int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
 		    void **entry);
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
+/*
+ * The indices in leaf @leaf_nr whose entry equals @value, at most @max of
+ * them, into @out: returns how many (an absent leaf holds none).
+ */
+int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
+			  u64 *out, unsigned int max);
 int dd_array_next_leaf(struct dd_array *a, u64 *leaf_nr, u64 end_leaf);
 int dd_array_walk(struct dd_array *a, dd_leaf_fn fn, void *ctx);
 

@@ -16,9 +16,11 @@
 
 #include "dedup-target.h"
 
-/* Index candidates taken per trip through dc->index_lock. */
+/* Candidate leaves taken per trip through dc->index_lock. */
 #define DD_CANDIDATES			8
-/* Candidates ruled out, at most, before a copy is stored anyway. */
+/* Live blocks of one content in one fingerprint leaf, looked at. */
+#define DD_HOLDERS			4
+/* Candidate leaves ruled out, at most, before a copy is stored anyway. */
 #define DD_RULED_OUT_MAX		16
 /*
  * Candidates compared byte for byte before storing a copy: with a short
@@ -56,9 +58,10 @@ int dd_index_visit(void *ctx, u64 pba, const u8 *fp)
 /*
  * The index as the metadata saves it at a clean close and loads it at
  * the next open (struct dd_md_saved). head[0] names this layout: the
- * slots as dedup-index.c keeps them, keyed by head[1..2].
+ * packed entries as dedup-index.c keeps them, keyed by head[1..2], in
+ * the geometry of head[6..7].
  */
-#define DD_INDEX_SAVED_LAYOUT	0x31584449	/* "IDX1" */
+#define DD_INDEX_SAVED_LAYOUT	0x32584449	/* "IDX2" */
 enum dd_index_head {
 	DD_HEAD_LAYOUT,
 	DD_HEAD_KEY0,
@@ -66,6 +69,8 @@ enum dd_index_head {
 	DD_HEAD_ENTRIES,
 	DD_HEAD_FULL,		/* failed inserts so far, the stats counter */
 	DD_HEAD_LOADS,		/* activations that loaded it since a walk */
+	DD_HEAD_GEOMETRY,	/* dd_index_geometry() */
+	DD_HEAD_BUCKETS,
 };
 
 /*
@@ -80,37 +85,57 @@ const char dd_index_walk_due[] =
 void dd_index_saved_view(struct dedup_c *dc, struct dd_md_saved *s)
 {
 	memset(s, 0, sizeof(*s));
-	s->words = dc->index.slots;
-	s->nr_words = dc->index.nr_slots;
+	s->words = dc->index.words;
+	s->nr_words = dc->index.nr_words;
 	s->head[DD_HEAD_LAYOUT] = DD_INDEX_SAVED_LAYOUT;
 	s->head[DD_HEAD_KEY0] = dc->index.key.key[0];
 	s->head[DD_HEAD_KEY1] = dc->index.key.key[1];
 	s->head[DD_HEAD_ENTRIES] = dc->index.nr_entries;
 	s->head[DD_HEAD_FULL] = atomic64_read(&dc->index_full);
 	s->head[DD_HEAD_LOADS] = dc->index_loads;
+	s->head[DD_HEAD_GEOMETRY] = dd_index_geometry(&dc->index);
+	s->head[DD_HEAD_BUCKETS] = dc->index.nr_buckets;
+}
+
+/* Does fingerprint leaf @leaf hold the record of a live block? */
+static bool dd_leaf_live(const struct dd_space *live, u64 leaf)
+{
+	return dd_space_any_used(live, leaf * DD_FP_PER_LEAF,
+				 (leaf + 1) * DD_FP_PER_LEAF);
 }
 
 /*
- * Before the metadata accepts a loaded index: every entry names a live
- * block, and the counts agree.
+ * Before the metadata accepts a loaded index (loaded into its words):
+ * every entry names a leaf with a live block, and the counts agree.
  */
 int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s,
 		      const struct dd_space *live, const char **why)
 {
 	struct dedup_c *dc = ctx;
-	u64 i, n = 0, pba;
+	u64 i, n = 0, leaf;
+	int r;
 
 	if (s->head[DD_HEAD_LOADS] >= DD_INDEX_MAX_LOADS) {
 		*why = dd_index_walk_due;
 		return -EAGAIN;
 	}
-	for (i = 0; i < s->nr_words; i++) {
+	if (s->head[DD_HEAD_GEOMETRY] != dd_index_geometry(&dc->index) ||
+	    s->head[DD_HEAD_BUCKETS] != dc->index.nr_buckets) {
+		*why = "saved with another index geometry";
+		return -ESTALE;
+	}
+	for (i = 0; i < dd_index_nr_slots(&dc->index); i++) {
 		if (!(i & 0xfffff))
 			cond_resched();
-		if (!dd_index_slot_block(s->words[i], &pba))
+		r = dd_index_slot_leaf(&dc->index, i, &leaf);
+		if (!r)
 			continue;
-		if (!dd_space_is_used(live, pba)) {
-			*why = "an index entry names a block without references";
+		if (r < 0) {
+			*why = "an index entry is malformed";
+			return r;
+		}
+		if (!dd_leaf_live(live, leaf)) {
+			*why = "an index entry names a leaf without live blocks";
 			return -EILSEQ;
 		}
 		n++;
@@ -174,18 +199,19 @@ static int dd_changed(struct dedup_c *dc, int r, const struct dd_md_freed *f)
 	return r < 0 ? r : 0;
 }
 
-static bool dd_pba_in(u64 pba, const u64 *set, unsigned int nr)
+static bool dd_u64_in(u64 v, const u64 *set, unsigned int nr)
 {
 	while (nr--)
-		if (set[nr] == pba)
+		if (set[nr] == v)
 			return true;
 	return false;
 }
 
 /*
- * Up to @max blocks the index holds for @fp, leaving out the @nr_skip in
- * @skip. The index only narrows the search; the persistent record
- * decides, read after the lock is dropped.
+ * Up to @max fingerprint leaves the index names for @fp, each once,
+ * leaving out the @nr_skip in @skip. The index only narrows the search;
+ * the persistent records in the leaf decide, read after the lock is
+ * dropped.
  */
 static unsigned int dd_index_candidates(struct dedup_c *dc, const u8 *fp,
 					const u64 *skip, unsigned int nr_skip,
@@ -193,13 +219,13 @@ static unsigned int dd_index_candidates(struct dedup_c *dc, const u8 *fp,
 {
 	struct dd_index_iter it;
 	unsigned int nr = 0;
-	u64 pba;
+	u64 leaf;
 
 	lockdep_assert_held(&dc->index_lock);
 	dd_index_iter_init(&dc->index, fp, &it);
-	while (nr < max && dd_index_iter_next(&dc->index, &it, &pba))
-		if (!dd_pba_in(pba, skip, nr_skip))
-			out[nr++] = pba;
+	while (nr < max && dd_index_iter_next(&dc->index, &it, &leaf))
+		if (!dd_u64_in(leaf, skip, nr_skip) && !dd_u64_in(leaf, out, nr))
+			out[nr++] = leaf;
 	return nr;
 }
 
@@ -345,11 +371,11 @@ enum dd_dedup_result {
  */
 static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 {
+	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX], pba[DD_HOLDERS];
 	unsigned int nr, i, nr_out = 0, nr_differ = 0;
-	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX];
 	struct dd_write_block *leader;
 	bool copy = false;
-	int r;
+	int r, n, j;
 
 	lockdep_assert_held_read(&dc->lock);
 	for (;;) {
@@ -368,16 +394,31 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 		}
 		spin_unlock(&dc->index_lock);
 
+		/*
+		 * A leaf ruled out stays out for this write, even if a block
+		 * with this content lands in it meanwhile: that costs a
+		 * copy, never a wrong share.
+		 */
 		for (i = 0; i < nr && !copy; i++) {
-			r = dd_share(dc, b, cand[i]);
-			if (r < 0)
-				return r;
-			if (r == DD_SHARED)
-				return DD_DEDUP_SHARED;
-			if (r == DD_DIFFERENT &&
-			    ++nr_differ == DD_VERIFY_CANDIDATES)
-				r = DD_COPY;
-			if (r == DD_COPY || nr_out == DD_RULED_OUT_MAX)
+			n = dd_md_find_holders(dc->md, cand[i], b->fp, pba,
+					       ARRAY_SIZE(pba));
+			if (n < 0)
+				return n;
+			atomic64_inc(&dc->index_candidates);
+			if (!n)
+				atomic64_inc(&dc->index_false_candidates);
+			for (j = 0; j < n && !copy; j++) {
+				r = dd_share(dc, b, pba[j]);
+				if (r < 0)
+					return r;
+				if (r == DD_SHARED)
+					return DD_DEDUP_SHARED;
+				if (r == DD_DIFFERENT &&
+				    ++nr_differ == DD_VERIFY_CANDIDATES)
+					r = DD_COPY;
+				copy = r == DD_COPY;
+			}
+			if (nr_out == DD_RULED_OUT_MAX)
 				copy = true;
 			else
 				out[nr_out++] = cand[i];
@@ -482,6 +523,9 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
 	lockdep_assert_held_read(&dc->lock);
 	for (j = 0; j < nr; j++) {
 		r = d[j].r;
+		atomic64_inc(&dc->index_candidates);
+		if (r == -ENOENT)
+			atomic64_inc(&dc->index_false_candidates);
 		if (r == -ENOENT || r == -EOVERFLOW)
 			continue;	/* the block's own steps look further */
 		/* Only the last can have freed a block. */
@@ -528,7 +572,7 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 			    !dd_index_candidates(dc, blk[i].fp, NULL, 0, &cand, 1))
 				continue;
 			d[n].lba = blk[i].lba;
-			d[n].pba = cand;
+			d[n].leaf = cand;
 			d[n].fp = blk[i].fp;
 			which[n++] = i;
 		}

@@ -96,6 +96,8 @@ struct dd_block_header {
 #define DD_HEADER_SIZE		32
 #define DD_PAYLOAD_SIZE		(DD_BLOCK_SIZE - DD_HEADER_SIZE)
 #define DD_INTERIOR_FANOUT	(DD_PAYLOAD_SIZE / sizeof(__le64))	/* 508 */
+/* Fingerprint records in one leaf of the fingerprint array. */
+#define DD_FP_PER_LEAF		(DD_PAYLOAD_SIZE / DD_FP_SIZE)		/* 127 */
 
 struct dd_superblock {
 	struct dd_block_header hdr;	/* hdr.txn is the generation */

@@ -1053,6 +1053,40 @@ static int dd_holds(struct dd_metadata *md, u64 pba, const u8 *fp, u32 *rc)
 	return *rc && !memcmp(stored, fp, DD_FP_SIZE);
 }
 
+/*
+ * Up to @max live blocks whose record in fingerprint leaf @leaf equals
+ * @fp, with their refcounts: how many.
+ */
+static int dd_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
+			   u64 *pba, u32 *rc, unsigned int max)
+{
+	int n, i, live = 0, r;
+
+	lockdep_assert_held(&md->lock);
+	n = dd_array_find_in_leaf(&md->fingerprint, leaf, fp, pba, max);
+	for (i = 0; i < n; i++) {
+		r = dd_get_refcount(md, pba[i], &rc[live]);
+		if (r)
+			return r;
+		if (rc[live])
+			pba[live++] = pba[i];
+	}
+	return n < 0 ? n : live;
+}
+
+int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
+		       u64 *pba, unsigned int max)
+{
+	u32 rc[DD_MD_HOLDERS_MAX];
+	int r;
+
+	down_read(&md->lock);
+	r = dd_find_holders(md, leaf, fp, pba, rc,
+			    min_t(unsigned int, max, DD_MD_HOLDERS_MAX));
+	up_read(&md->lock);
+	return r;
+}
+
 int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp)
 {
 	u32 rc;
@@ -1214,28 +1248,16 @@ static int dd_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 	return dd_set_map(md, lba, pba + 1, freed);
 }
 
-static int dd_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
-			    const u8 *fp, struct dd_md_freed *freed)
+/* @lba takes a reference to @pba, whose count was @rc. */
+static int dd_take_duplicate(struct dd_metadata *md, u64 lba, u64 pba, u32 rc,
+			     struct dd_md_freed *freed)
 {
 	struct dd_block leaf;
 	__le32 *e;
-	u32 rc;
 	int r;
 
-	if (md->read_only)
-		return -EROFS;
-	/*
-	 * Look before writing: updating the entry would shadow its path into
-	 * the running transaction, and a miss must leave no trace. A block
-	 * freed and reused since the caller looked holds other content: the
-	 * record decides, in this same step.
-	 */
-	r = dd_holds(md, pba, fp, &rc);
-	if (r <= 0)
-		return r ? r : -ENOENT;
 	if (rc >= DD_REFCOUNT_MAX)
 		return -EOVERFLOW;
-
 	r = dd_writable_check(md);
 	if (!r)
 		r = dd_array_update(&md->refcount, pba, &leaf, (void **)&e);
@@ -1252,6 +1274,47 @@ static int dd_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 	 * which is why it had to be taken first: the block is never freed.
 	 */
 	return dd_set_map(md, lba, pba + 1, freed);
+}
+
+static int dd_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
+			    const u8 *fp, struct dd_md_freed *freed)
+{
+	u32 rc;
+	int r;
+
+	if (md->read_only)
+		return -EROFS;
+	/*
+	 * Look before writing: updating the entry would shadow its path into
+	 * the running transaction, and a miss must leave no trace. A block
+	 * freed and reused since the caller looked holds other content: the
+	 * record decides, in this same step.
+	 */
+	r = dd_holds(md, pba, fp, &rc);
+	if (r <= 0)
+		return r ? r : -ENOENT;
+	return dd_take_duplicate(md, lba, pba, rc, freed);
+}
+
+/* As dd_map_duplicate, with the first live holder in fingerprint leaf @leaf. */
+static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
+				    const u8 *fp, u64 *pba,
+				    struct dd_md_freed *freed)
+{
+	u64 holder[DD_MD_HOLDERS_MAX];
+	u32 rc[DD_MD_HOLDERS_MAX];
+	int n, i;
+
+	if (md->read_only)
+		return -EROFS;
+	n = dd_find_holders(md, leaf, fp, holder, rc, DD_MD_HOLDERS_MAX);
+	if (n <= 0)
+		return n ? n : -ENOENT;
+	/* A saturated holder may have a copy beside it. */
+	for (i = 0; i < n - 1 && rc[i] >= DD_REFCOUNT_MAX; i++)
+		;
+	*pba = holder[i];
+	return dd_take_duplicate(md, lba, holder[i], rc[i], freed);
 }
 
 /* Nothing is stored: the block reads back as zeros. */
@@ -1297,11 +1360,12 @@ int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
 int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 			const u8 *fp, struct dd_md_freed *freed)
 {
-	struct dd_md_dup d = { .lba = lba, .pba = pba, .fp = fp };
-	unsigned int done;
+	int r;
 
-	dd_md_map_duplicates(md, &d, 1, &done, freed);
-	return d.r;
+	down_write(&md->lock);
+	r = dd_map_duplicate(md, lba, pba, fp, freed);
+	up_write(&md->lock);
+	return r;
 }
 
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
@@ -1313,7 +1377,8 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 
 	down_write(&md->lock);
 	while (i < nr) {
-		r = dd_map_duplicate(md, d[i].lba, d[i].pba, d[i].fp, freed);
+		r = dd_map_duplicate_in_leaf(md, d[i].lba, d[i].leaf, d[i].fp,
+					     &d[i].pba, freed);
 		d[i++].r = r;
 		if (r == 1 || (r < 0 && r != -ENOENT && r != -EOVERFLOW))
 			break;
@@ -1700,6 +1765,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	mutex_lock(&md->data_lock);
 	st->data_used = md->data.nr_used;
 	st->data_total = md->data.nr_blocks;
+	st->data_space_bytes = dd_space_bytes(&md->data);
 	st->pending_free = dd_space_frees_to_come(&md->data);
 	mutex_unlock(&md->data_lock);
 	st->data_live = md->live;

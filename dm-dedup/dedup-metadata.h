@@ -76,6 +76,7 @@ struct dd_md_stats {
 	u64 metadata_total;
 	u64 data_used;		/* allocated, including pending frees */
 	u64 data_total;
+	u64 data_space_bytes;	/* RAM of the data allocator's bitmaps */
 	u64 data_live;		/* refcount > 0 */
 	u64 mapped;
 	u64 unique_writes;
@@ -130,6 +131,18 @@ int dd_md_get_refcount(struct dd_metadata *md, u64 pba, u32 *count);
  */
 int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp);
 
+/* Holders of one content in one leaf that a search looks at, at most. */
+#define DD_MD_HOLDERS_MAX	8
+/*
+ * The live blocks whose fingerprint record is in leaf @leaf of the
+ * fingerprint array (blocks leaf * DD_FP_PER_LEAF onwards) and equals @fp
+ * (DD_FP_SIZE bytes), at most @max of them (and DD_MD_HOLDERS_MAX), into
+ * @pba: how many, < 0 on error. The fingerprint index names leaves, not
+ * blocks. Liveness holds as for dd_md_holds.
+ */
+int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
+		       u64 *pba, unsigned int max);
+
 /*
  * A free data block for new content. 0: *pba is allocated and *free_left is
  * the number of free data blocks left. -ENOSPC: none free. -EAGAIN: none free
@@ -183,16 +196,19 @@ int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 
 struct dd_md_dup {
 	u64 lba;
-	u64 pba;
+	u64 leaf;	/* the fingerprint leaf to find a live holder of fp in */
 	const u8 *fp;
+	u64 pba;	/* out: the holder shared */
 	int r;		/* what dd_md_map_duplicate would have returned */
 };
 
 /*
  * dd_md_map_duplicate for @d[0..nr) in order, in one hold of the metadata
- * lock, up to and including the first entry that frees a block (its
- * *freed) or fails with an error other than a soft miss. *done (>= 1) is
- * the number of entries handled, each with its result in d[i].r.
+ * lock, with the first live holder of d[i].fp in fingerprint leaf
+ * d[i].leaf (-ENOENT: none), up to and including the first entry that
+ * frees a block (its *freed) or fails with an error other than a soft
+ * miss. *done (>= 1) is the number of entries handled, each with its
+ * result in d[i].r.
  */
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			  unsigned int nr, unsigned int *done,

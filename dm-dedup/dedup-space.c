@@ -47,6 +47,13 @@ void dd_space_exit(struct dd_space *s)
 	s->held = NULL;
 }
 
+size_t dd_space_bytes(const struct dd_space *s)
+{
+	size_t one = BITS_TO_LONGS(s->nr_blocks) * sizeof(unsigned long);
+
+	return one * (!!s->used + !!s->pending + !!s->cooling + !!s->held);
+}
+
 /* From now on a free waits one more commit; see dedup-space.h. */
 int dd_space_cool_frees(struct dd_space *s)
 {

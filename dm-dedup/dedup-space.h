@@ -25,6 +25,8 @@
 #ifndef DM_DEDUP_SPACE_H
 #define DM_DEDUP_SPACE_H
 
+#include <linux/bitops.h>
+#include <linux/minmax.h>
 #include <linux/types.h>
 
 struct dd_space {
@@ -42,6 +44,8 @@ struct dd_space {
 };
 
 int dd_space_init(struct dd_space *s, u64 nr_blocks, u64 first);
+/* RAM its bitmaps take. */
+size_t dd_space_bytes(const struct dd_space *s);
 void dd_space_exit(struct dd_space *s);
 
 int dd_space_alloc(struct dd_space *s, u64 *block);
@@ -76,6 +80,14 @@ static inline u64 dd_space_frees_to_come(const struct dd_space *s)
 static inline bool dd_space_is_used(const struct dd_space *s, u64 block)
 {
 	return block < s->nr_blocks && test_bit(block, s->used);
+}
+
+/* Is any block of [@first, @end) in use? */
+static inline bool dd_space_any_used(const struct dd_space *s, u64 first,
+				     u64 end)
+{
+	end = min(end, s->nr_blocks);
+	return first < end && find_next_bit(s->used, end, first) < end;
 }
 
 #endif

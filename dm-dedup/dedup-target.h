@@ -120,6 +120,9 @@ struct dedup_c {
 	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
 	atomic64_t verify_mismatches;
 	atomic64_t index_full;
+	/* leaves the index offered, and those that held no live holder */
+	atomic64_t index_candidates;
+	atomic64_t index_false_candidates;
 	u64 index_loads;	/* activations that loaded it since a walk */
 	atomic64_t nospc_errors;
 

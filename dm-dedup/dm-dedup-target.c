@@ -147,8 +147,16 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("index_bytes %llu\n", index_bytes);
 	DMEMIT("index_bytes_per_data_block_x100 %llu\n",
 	       div64_u64(index_bytes * 100, st.data_total));
+	DMEMIT("data_space_bytes %llu\n", st.data_space_bytes);
+	DMEMIT("ram_bytes_per_data_block_x100 %llu\n",
+	       div64_u64((index_bytes + st.data_space_bytes) * 100,
+			 st.data_total));
 	DMEMIT("index_entries %llu\n", READ_ONCE(dc->index.nr_entries));
 	DMEMIT("index_full %lld\n", atomic64_read(&dc->index_full));
+	DMEMIT("index_candidates %lld\n",
+	       atomic64_read(&dc->index_candidates));
+	DMEMIT("index_false_candidates %lld\n",
+	       atomic64_read(&dc->index_false_candidates));
 	DMEMIT("index_loaded %d\n", dc->index_loaded);
 	DMEMIT("activation_ms %llu\n", dc->activation_ms);
 	DMEMIT("verify_mismatches %lld\n",
@@ -613,7 +621,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 1, 0},
+	.version = {1, 2, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -21,8 +21,11 @@
  *	the process "crashes" as in workload: the next open replays.
  *   harness save META LOGICAL DATA SEED OPS COMMIT_EVERY
  *	the workload, then what the target does at a clean close: dd_md_save
- *	with an index part of all-empty slots whose head counts every live
- *	block as not indexed (index_full), so that the index rules hold.
+ *	with an index part in the target's layout (IDX2, see
+ *	Documentation/dedup-format.rst, "Saved state"): one entry for each
+ *	live block the workload knows, in a bucket of its own choosing (no
+ *	lookup ever runs here), and the rest counted as not indexed
+ *	(index_full), so that the index rules hold.
  *
  * Every command opens with cfg.saved set, as the target does: a device
  * whose superblock names a save loads it instead of walking the trees;
@@ -35,29 +38,179 @@
 #include "kshim.h"
 #include "dedup-metadata.h"
 
-/* dedup-decide.c's index layout, as the target saves it. */
-#define INDEX_LAYOUT	0x31584449	/* "IDX1" */
-enum { HEAD_LAYOUT, HEAD_KEY0, HEAD_KEY1, HEAD_ENTRIES, HEAD_FULL };
-
-static struct dd_md_saved saved = { .head = { INDEX_LAYOUT } };
-
-/* dd_index_saved_ok without a maximum: the slots and the count agree. */
-static int saved_ok(void *ctx, const struct dd_md_saved *s,
-		    const struct dd_space *live, const char **why)
-{
-	u64 n = 0;
-
-	(void)ctx;
-	for (u64 i = 0; i < s->nr_words; i++)
-		n += !!s->words[i];
-	*why = "the index's entry count disagrees";
-	return n == s->head[HEAD_ENTRIES] && n <= live->nr_used ? 0 : -EILSEQ;
-}
-
 struct model {
 	u64 nr_contents;
 	int64_t *pba_of;	/* content id -> pba holding it, -1 if none */
 };
+
+/* dedup-decide.c's index layout, as the target saves it. */
+#define INDEX_LAYOUT	0x32584449	/* "IDX2" */
+enum {
+	HEAD_LAYOUT, HEAD_KEY0, HEAD_KEY1, HEAD_ENTRIES, HEAD_FULL, HEAD_LOADS,
+	HEAD_GEOMETRY, HEAD_BUCKETS
+};
+/* dedup-index.c's sizing */
+#define INDEX_BUCKET		8	/* entries per bucket */
+#define INDEX_LOAD_PERCENT	95
+#define INDEX_MIN_ENTRY_BITS	30
+#define INDEX_MIN_TAG_BITS	4
+#define INDEX_MAX_LOADS		16
+
+/*
+ * The index's shape for a table's data blocks, as dedup-index.c computes
+ * it: nr_buckets buckets of INDEX_BUCKET entries of entry_bits bits,
+ * packed in nr_words words. An entry's low leaf_bits bits are the
+ * fingerprint leaf + 1 (0 = empty), the rest a tag.
+ */
+struct index_geometry {
+	u64 nr_leaves;
+	u64 nr_buckets;
+	u64 nr_entries;
+	u64 nr_words;
+	u32 entry_bits;
+	u32 leaf_bits;
+};
+
+static void index_geometry(u64 data_blocks, struct index_geometry *g)
+{
+	g->nr_leaves = DIV_ROUND_UP_ULL(data_blocks, DD_FP_PER_LEAF);
+	g->leaf_bits = g->nr_leaves ? 64 - __builtin_clzll(g->nr_leaves) : 1;
+	g->entry_bits = max_t(u32, INDEX_MIN_ENTRY_BITS,
+			      g->leaf_bits + INDEX_MIN_TAG_BITS);
+	g->nr_buckets = DIV_ROUND_UP_ULL(data_blocks * 100,
+					 INDEX_LOAD_PERCENT * INDEX_BUCKET);
+	if (g->nr_buckets < 2)
+		g->nr_buckets = 2;
+	g->nr_entries = g->nr_buckets * INDEX_BUCKET;
+	g->nr_words = DIV_ROUND_UP_ULL(g->nr_entries * g->entry_bits, 64);
+}
+
+/* head[6] of a save. */
+static u64 index_geometry_word(const struct index_geometry *g)
+{
+	return g->entry_bits | (u64)g->leaf_bits << 8 |
+	       (u64)INDEX_BUCKET << 16 | (u64)DD_FP_PER_LEAF << 32;
+}
+
+static u64 entry_mask(const struct index_geometry *g)
+{
+	return g->entry_bits == 64 ? ~0ULL : (1ULL << g->entry_bits) - 1;
+}
+
+/* Entry k: bits [k * w, k * w + w) of the words, maybe two of them. */
+static u64 entry_get(const struct index_geometry *g, const u64 *words, u64 k)
+{
+	u64 bit = k * g->entry_bits, i = bit / 64;
+	u32 off = bit % 64;
+	u64 v = words[i] >> off;
+
+	if (off + g->entry_bits > 64)
+		v |= words[i + 1] << (64 - off);
+	return v & entry_mask(g);
+}
+
+static void entry_set(const struct index_geometry *g, u64 *words, u64 k,
+		      u64 v)
+{
+	u64 bit = k * g->entry_bits, i = bit / 64, m = entry_mask(g);
+	u32 off = bit % 64;
+
+	v &= m;
+	words[i] = (words[i] & ~(m << off)) | v << off;
+	if (off + g->entry_bits > 64) {
+		words[i + 1] = (words[i + 1] & ~(m >> (64 - off))) |
+			       v >> (64 - off);
+	}
+}
+
+static struct dd_md_saved saved = { .head = { INDEX_LAYOUT } };
+static struct index_geometry geometry;
+
+/*
+ * dd_index_saved_ok without a maximum: the geometry is the table's, every
+ * entry names a fingerprint leaf of the device with a block in the data
+ * bitmap, and the count agrees.
+ */
+static int saved_ok(void *ctx, const struct dd_md_saved *s,
+		    const struct dd_space *live, const char **why)
+{
+	const struct index_geometry *g = &geometry;
+	u64 n = 0, leaf_mask = (1ULL << g->leaf_bits) - 1;
+
+	(void)ctx;
+	if (s->head[HEAD_LOADS] >= INDEX_MAX_LOADS) {
+		*why = "loaded too often since the last walk";
+		return -EAGAIN;
+	}
+	if (s->head[HEAD_GEOMETRY] != index_geometry_word(g) ||
+	    s->head[HEAD_BUCKETS] != g->nr_buckets) {
+		*why = "saved with another index geometry";
+		return -ESTALE;
+	}
+	for (u64 k = 0; k < g->nr_entries; k++) {
+		u64 v = entry_get(g, s->words, k), leaf, b, end;
+
+		if (!v)
+			continue;
+		*why = "an index entry names no fingerprint leaf of the device";
+		if (!(v & leaf_mask) || (v & leaf_mask) > g->nr_leaves)
+			return -EILSEQ;
+		leaf = (v & leaf_mask) - 1;
+		b = leaf * DD_FP_PER_LEAF;
+		end = b + DD_FP_PER_LEAF < live->nr_blocks ?
+		      b + DD_FP_PER_LEAF : live->nr_blocks;
+		while (b < end && !dd_space_is_used(live, b))
+			b++;
+		*why = "an index entry names a leaf without a used block";
+		if (b == end)
+			return -EILSEQ;
+		n++;
+	}
+	*why = "the index's entry count disagrees";
+	return n == s->head[HEAD_ENTRIES] && n <= live->nr_used ? 0 : -EILSEQ;
+}
+
+/*
+ * The index part of a save: an entry for each live block of the model,
+ * in the first bucket with room from one picked from its content.
+ */
+static void build_index(const struct model *m, struct dd_md_saved *out,
+			u64 live)
+{
+	const struct index_geometry *g = &geometry;
+	u64 n = 0;
+
+	out->head[HEAD_KEY0] = 0x0706050403020100ULL;
+	out->head[HEAD_KEY1] = 0x0f0e0d0c0b0a0908ULL;
+	out->head[HEAD_GEOMETRY] = index_geometry_word(g);
+	out->head[HEAD_BUCKETS] = g->nr_buckets;
+	for (u64 c = 1; c <= m->nr_contents; c++) {
+		u64 h = c * 0x9E3779B97F4A7C15ULL, bucket, pba, k;
+
+		if (m->pba_of[c] < 0)
+			continue;
+		pba = (u64)m->pba_of[c];
+		bucket = (h >> 20) % g->nr_buckets;
+		for (u64 tries = 0; tries < g->nr_buckets; tries++) {
+			for (k = bucket * INDEX_BUCKET;
+			     k < (bucket + 1) * INDEX_BUCKET; k++) {
+				if (!entry_get(g, out->words, k))
+					break;
+			}
+			if (k < (bucket + 1) * INDEX_BUCKET) {
+				/* leaf + 1, then a tag of the high hash bits */
+				entry_set(g, out->words, k,
+					  (pba / DD_FP_PER_LEAF + 1) |
+					  (h >> 40) << g->leaf_bits);
+				n++;
+				break;
+			}
+			bucket = (bucket + 1) % g->nr_buckets;
+		}
+	}
+	out->head[HEAD_ENTRIES] = n;
+	out->head[HEAD_FULL] = n < live ? live - n : 0;
+}
 
 static void make_fp(u64 c, u8 *fp)
 {
@@ -239,7 +392,8 @@ int main(int argc, char **argv)
 	cfg.visit = visit;
 	cfg.ctx = &m;
 	/* The target's index size for these many data blocks. */
-	saved.nr_words = cfg.data_blocks + cfg.data_blocks / 4 + 16;
+	index_geometry(cfg.data_blocks, &geometry);
+	saved.nr_words = geometry.nr_words;
 	saved.words = calloc(saved.nr_words, sizeof(u64));
 	cfg.saved = &saved;
 	cfg.saved_ok = saved_ok;
@@ -320,7 +474,7 @@ int main(int argc, char **argv)
 			dd_md_stats(md, &st);
 			out.words = calloc(saved.nr_words, sizeof(u64));
 			out.nr_words = saved.nr_words;
-			out.head[HEAD_FULL] = st.data_live;
+			build_index(&m, &out, st.data_live);
 			r = dd_md_save(md, &out);
 			free(out.words);
 			if (!r)

@@ -942,15 +942,45 @@ fn unreadable_data_block_is_an_error_and_the_rest_is_verified() {
 use crate::ondisk::saved as fmt;
 use crate::writer::TreeWriter;
 
-/// Index slots of the test saves (the target sizes its index from its own
-/// settings): enough for the save to take two leaves and a root.
-const SLOTS: u64 = 1000;
-/// Live blocks the test saves put in index slots (the rest count as
+/// Data blocks of the image the test saves are made for: the index the
+/// kernel sizes from them (145 buckets of 8 entries of 30 bits, 4 of them
+/// the leaf, in 544 words) makes the save take two leaves and a root. 9 fingerprint leaves; the live blocks
+/// (0..250, as in the sample) lie in leaves 0 and 1.
+const SAVED_DATA: u64 = 1100;
+/// Live blocks the test saves put in index entries (the rest count as
 /// index_full).
 const INDEXED: u64 = 100;
 
+/// The sample's mappings on a data device of SAVED_DATA blocks.
+fn saved_spec() -> ImageSpec {
+    let blocks = required_blocks(LOGICAL, SAVED_DATA) + 8;
+    ImageSpec::consistent(
+        sb_for(LOGICAL, SAVED_DATA, blocks, 5),
+        &sample_mappings(),
+        test_fingerprint,
+    )
+}
+
+fn index_geometry() -> fmt::IndexGeometry {
+    fmt::IndexGeometry::for_data_blocks(SAVED_DATA)
+}
+
 fn saved_layout(d: &MemDev) -> fmt::Layout {
-    fmt::Layout::new(d.nr_blocks(), DATA, SLOTS).unwrap()
+    fmt::Layout::new(d.nr_blocks(), SAVED_DATA, index_geometry().words()).unwrap()
+}
+
+/// Set index entry `k` of the save `w` to `v`.
+fn set_entry(w: &mut [u64], l: &fmt::Layout, k: u64, v: u64) {
+    index_geometry().set_entry(&mut w[l.target_start as usize..], k, v);
+}
+
+/// The save's non-empty index entries.
+fn entries_in(w: &[u64], l: &fmt::Layout) -> Vec<(u64, u64)> {
+    let g = index_geometry();
+    (0..g.entries())
+        .map(|k| (k, g.entry(&w[l.target_start as usize..], k)))
+        .filter(|&(_, v)| v != 0)
+        .collect()
 }
 
 fn set_bit(words: &mut [u64], start: u64, bit: u64) {
@@ -961,19 +991,30 @@ fn clear_bit(words: &mut [u64], start: u64, bit: u64) {
     words[(start + bit / 64) as usize] &= !(1 << (bit % 64));
 }
 
-/// The words dd_saved_write() writes for the sample image: its tree blocks
-/// ([2, 2 + tree_blocks)), its live blocks, and INDEXED of them in slots
-/// 0, 10, 20, ... with a tag.
+/// The words dd_saved_write() writes for the saved_spec() image: its tree
+/// blocks ([2, 2 + tree_blocks)), its live blocks, and INDEXED of them
+/// (PBAs 0, 2, 4, ...: 64 in leaf 0, 36 in leaf 1) in entries spread over
+/// the whole index, with a tag.
 fn good_save(d: &MemDev, layout: &Layout, spec: &ImageSpec) -> Vec<u64> {
     let l = saved_layout(d);
+    let g = index_geometry();
     let mut w = vec![0u64; l.total as usize];
     w[fmt::W_MAGIC] = fmt::MAGIC;
     w[fmt::W_TXN] = spec.sb.generation();
     w[fmt::W_METADATA_BLOCKS] = d.nr_blocks();
-    w[fmt::W_DATA_BLOCKS] = DATA;
-    w[fmt::W_TARGET_WORDS] = SLOTS;
+    w[fmt::W_DATA_BLOCKS] = SAVED_DATA;
+    w[fmt::W_TARGET_WORDS] = g.words();
     let live = spec.refcounts.len() as u64;
-    let head = [fmt::INDEX_LAYOUT, 0x1234, 0x5678, INDEXED, live - INDEXED];
+    let head = [
+        fmt::INDEX_LAYOUT,
+        0x1234,
+        0x5678,
+        INDEXED,
+        live - INDEXED,
+        3,
+        g.encode(),
+        g.buckets,
+    ];
     w[fmt::W_TARGET_HEAD..fmt::W_TARGET_HEAD + head.len()].copy_from_slice(&head);
     for b in FIRST_TREE_BLOCK..FIRST_TREE_BLOCK + layout.tree_blocks {
         set_bit(&mut w, fmt::HEADER_WORDS as u64, b);
@@ -981,8 +1022,11 @@ fn good_save(d: &MemDev, layout: &Layout, spec: &ImageSpec) -> Vec<u64> {
     for &(pba, _) in &spec.refcounts {
         set_bit(&mut w, l.data_start, pba);
     }
-    for (j, &(pba, _)) in spec.refcounts.iter().take(INDEXED as usize).enumerate() {
-        w[(l.target_start + 10 * j as u64) as usize] = (pba + 1) | (0xbeef << 48) | (1 << 40);
+    let indexed = spec.refcounts.iter().step_by(2).take(INDEXED as usize);
+    for (j, &(pba, _)) in (0..).zip(indexed) {
+        let k = j * g.entries() / INDEXED;
+        let tag = pba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        set_entry(&mut w, &l, k, g.make_entry(fmt::leaf_of(pba), tag));
     }
     w
 }
@@ -1012,7 +1056,7 @@ fn put_save(d: &mut MemDev, layout: &Layout, words: &[u64], txn: u64) -> u64 {
 
 /// The sample image with the save `edit` makes of the right one.
 fn saved_sample(edit: impl FnOnce(&mut Vec<u64>, &fmt::Layout)) -> (MemDev, Layout, u64) {
-    let spec = sample_spec();
+    let spec = saved_spec();
     let (mut d, layout) = build(&spec);
     let mut w = good_save(&d, &layout, &spec);
     edit(&mut w, &saved_layout(&d));
@@ -1057,8 +1101,10 @@ fn saved_state_that_matches_is_clean() {
     let s = r.saved.as_ref().unwrap();
     assert!(s.loadable && s.compared);
     assert_eq!((s.root, s.words), (root, saved_layout(&d).total));
-    // The slots reach the second leaf: 2 leaves under a root.
+    // The index reaches the second leaf: 2 leaves under a root.
     assert_eq!(s.blocks, 3);
+    let l = saved_layout(&d);
+    assert!(l.target_start < 508 && l.total > 508, "{l:?}");
     assert_eq!(
         r.summary.as_ref().unwrap().metadata_blocks_used,
         2 + layout.tree_blocks + layout.journal_blocks
@@ -1082,7 +1128,7 @@ fn saved_state_that_matches_is_clean() {
 #[test]
 fn saved_state_the_kernel_would_not_load_is_a_warning() {
     type Edit = fn(&mut Vec<u64>, &fmt::Layout);
-    let cases: [(Edit, &str); 8] = [
+    let cases: [(Edit, &str); 12] = [
         (|w, _| w[fmt::W_MAGIC] = 1, "no header"),
         (|w, _| w[fmt::W_TXN] -= 1, "generation 4, not this one (5)"),
         (
@@ -1094,10 +1140,32 @@ fn saved_state_the_kernel_would_not_load_is_a_warning() {
             "data blocks, the superblock has",
         ),
         (|w, _| w[fmt::W_TARGET_WORDS] += 1, "do not make the"),
-        (|w, _| w[fmt::W_TARGET_HEAD] = 0x32584449, "index layout"),
+        (
+            |w, _| w[fmt::W_TARGET_HEAD] = 0x3158_4449,
+            "index layout 0x31584449 is not this module's (IDX2)",
+        ),
+        // Another number of buckets: other words.
+        (
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_BUCKETS] += 1,
+            "packs 1168 entries of 30 bits in 548 words, not the 544",
+        ),
+        // The same words, another geometry (L = 5, not fls64(9) = 4).
+        (
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_GEOMETRY] += 1 << 8,
+            "index geometry 0x7f0008051e with 145 buckets is not the kernel's for 1100 data \
+             blocks (0x7f0008041e with 145 buckets)",
+        ),
+        (
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_GEOMETRY] = 0,
+            "index geometry 0x0 with 145 buckets",
+        ),
         (
             |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] += 1,
-            "index slots are in use but its head says 101",
+            "100 index entries are in use but its head says 101",
+        ),
+        (
+            |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_LOADS] = 16,
+            "its index was loaded 16 times since it was rebuilt",
         ),
         // A live block unmarked: the count differs from the superblock's.
         (
@@ -1110,16 +1178,16 @@ fn saved_state_the_kernel_would_not_load_is_a_warning() {
         assert_stale(&run(&d), why);
     }
     // Bits outside what the kernel's allocators cover.
-    let (d, _, _) = saved_sample(|w, l| set_bit(w, l.data_start, DATA + 1));
+    let (d, _, _) = saved_sample(|w, l| set_bit(w, l.data_start, SAVED_DATA + 1));
     assert_stale(&run(&d), "beyond the data device");
     let (d, _, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, 1));
     assert_stale(&run(&d), "outside the tree area");
     // The bitmap claims a block of the save itself.
     // (After the trees and the journal: see clean_image.)
-    let first = 2 + 8 + journal_size(LOGICAL, DATA);
-    let (d, layout, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, first));
-    assert_eq!(layout.tree_blocks, 8);
-    assert_eq!(first, layout.journal_start + layout.journal_blocks);
+    let (_, layout, root) = saved_sample(|_, _| {});
+    let first = layout.journal_start + layout.journal_blocks;
+    assert_eq!(root, first + 2, "the leaves, then the root");
+    let (d, _, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, first));
     assert_stale(&run(&d), "blocks of the save itself");
 }
 
@@ -1149,7 +1217,7 @@ fn saved_state_blocks_that_do_not_read_are_a_warning() {
     edit_sb(&mut d, |sb| sb.saved_words = 0);
     assert_stale(&run(&d), "no entries");
     // Written after the superblock that names it.
-    let spec = sample_spec();
+    let spec = saved_spec();
     let (mut d, layout) = build(&spec);
     let w = good_save(&d, &layout, &spec);
     put_save(&mut d, &layout, &w, 6);
@@ -1159,16 +1227,22 @@ fn saved_state_blocks_that_do_not_read_are_a_warning() {
 #[test]
 fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
     type Edit = fn(&mut Vec<u64>, &fmt::Layout);
-    // The slot edits add an entry: keep the head's count right.
+    // The entry edits add entries: keep the head's count right.
     fn with_count(edit: Edit) -> impl Fn(&mut Vec<u64>, &fmt::Layout) {
         move |w, l| {
             edit(w, l);
-            let used = w[l.target_start as usize..]
-                .iter()
-                .filter(|&&s| s != 0)
-                .count();
-            w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = used as u64;
+            let used = entries_in(w, l).len() as u64;
+            w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = used;
         }
+    }
+    // An entry in the first empty one from `k`.
+    fn add_entry(w: &mut [u64], l: &fmt::Layout, k: u64, v: u64) -> u64 {
+        let g = index_geometry();
+        let k = (k..g.entries())
+            .find(|&k| g.entry(&w[l.target_start as usize..], k) == 0)
+            .unwrap();
+        set_entry(w, l, k, v);
+        k
     }
     let cases: [(Edit, &str); 3] = [
         (
@@ -1181,8 +1255,16 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
             "no tree uses them (the first is 90)",
         ),
         (
-            |w, l| w[(l.target_start + 1) as usize] = 1,
-            "in two index slots (the first is 0)",
+            // Leaf 1 holds 123 live blocks (127..250), 36 of them
+            // indexed: 88 more entries are one too many.
+            |w, l| {
+                let g = index_geometry();
+                for i in 0..88 {
+                    add_entry(w, l, i * 13, g.make_entry(1, i));
+                }
+            },
+            "1 fingerprint leaves are named by more index entries than they hold blocks with \
+             refcount > 0 (the first is 1): the index holds entries of blocks that are gone",
         ),
     ];
     for (edit, why) in cases {
@@ -1190,23 +1272,43 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
         assert_wrong(&run(&d), why);
     }
     // What dd_index_saved_ok refuses: the kernel walks instead.
-    let refused: [(Edit, &str); 3] = [
+    let refused: [(Edit, &str); 5] = [
         (
-            |w, l| w[(l.target_start + 1) as usize] = 260 + 1,
-            "refcount 0 or beyond the device (the first is 260)",
+            // Leaf 2 (PBAs 254..381) holds no live block.
+            |w, l| {
+                add_entry(w, l, 1, index_geometry().make_entry(2, 7));
+            },
+            "1 fingerprint leaves named by index entries hold no block marked used (the first \
+             is 2)",
         ),
         (
-            |w, l| w[(l.target_start + 1) as usize] = 5 << 48,
-            "name no block",
+            // 9 leaves: 0..8. The leaf field (4 bits) holds up to 14.
+            |w, l| {
+                add_entry(w, l, 600, index_geometry().make_entry(9, 7));
+                add_entry(w, l, 700, index_geometry().make_entry(14, 0));
+            },
+            "2 index entries name a fingerprint leaf past the data device's 9 (the first is 9)",
+        ),
+        (
+            // A tag without a leaf, in an entry straddling words 0 and 1.
+            |w, l| set_entry(w, l, 2, 5 << 4),
+            "1 index entries hold a tag but no leaf (entry number) (the first is 2)",
+        ),
+        (
+            // Entry 2 starts at bit 60: its leaf field there, the rest
+            // (0) in word 1, which is zero.
+            |w, l| set_entry(w, l, 2, 5),
+            "1 fingerprint leaves named by index entries hold no block marked used (the first \
+             is 4)",
         ),
         (
             |w, _| w[fmt::W_TARGET_HEAD + fmt::HEAD_ENTRIES] = 251,
-            "251 index entries, but only 250",
+            "its head counts 251 index entries, but it marks only 250 data blocks used",
         ),
     ];
     for (edit, why) in refused {
         let (d, _, _) = saved_sample(|w, l| {
-            if why.starts_with("251") {
+            if why.starts_with("its head") {
                 edit(w, l);
             } else {
                 with_count(edit)(w, l);
@@ -1234,7 +1336,7 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
         .message
         .contains("are not marked used (the first is 7): the kernel would allocate them again"));
     // Save blocks of another transaction, under a header of this one.
-    let spec = sample_spec();
+    let spec = saved_spec();
     let (mut d, layout) = build(&spec);
     let w = good_save(&d, &layout, &spec);
     put_save(&mut d, &layout, &w, 4);
@@ -1567,7 +1669,7 @@ fn journal_fields_and_run_are_checked() {
 fn a_save_with_a_journal_after_it_is_stale() {
     let (mut d, layout, _) = saved_sample(|_, _| {});
     // Its bitmap may mark the journal's run, as the kernel's does.
-    let spec = sample_spec();
+    let spec = saved_spec();
     let mut w = good_save(&d, &layout, &spec);
     for b in layout.journal_start..layout.journal_start + layout.journal_blocks {
         set_bit(&mut w, fmt::HEADER_WORDS as u64, b);

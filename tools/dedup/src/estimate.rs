@@ -28,6 +28,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::ondisk::saved::IndexGeometry;
 use crate::ondisk::{required_blocks, BLOCK_SIZE};
 use crate::util::*;
 
@@ -307,7 +308,8 @@ pub struct TargetNeeds {
     /// Data device: the unique non-zero blocks (no headroom included).
     pub data_blocks: u64,
     pub data_bytes: u64,
-    /// Fingerprint index: (data + data/4 + 16) slots of 8 bytes.
+    /// Fingerprint index: its packed entries (dd_index_bytes), the words
+    /// of [`crate::ondisk::saved::IndexGeometry`] for the data blocks.
     pub index_bytes: u64,
     /// Allocation bitmaps: 2 bits per data block and per metadata block.
     pub bitmap_bytes: u64,
@@ -321,7 +323,7 @@ pub fn target_needs(logical_blocks: u64, data_blocks: u64) -> TargetNeeds {
     // The kernel sizes everything from the data device, which is at least
     // one block.
     let data = data_blocks.max(1);
-    let index_bytes = (data + data / 4 + 16) * 8;
+    let index_bytes = IndexGeometry::for_data_blocks(data).words() * 8;
     let metadata_blocks = required_blocks(logical_blocks, data);
     // used, pending and cooling for data blocks; used and pending for
     // metadata blocks (Documentation/dm-dedup.rst, "Memory")
@@ -633,7 +635,8 @@ mod tests {
         assert_eq!(e.target.logical_blocks, 8);
         assert_eq!(e.target.data_blocks, 2);
         assert_eq!(e.target.metadata_blocks, required_blocks(8, 2));
-        assert_eq!(e.target.index_bytes, (2 + 16) * 8);
+        // 2 buckets of 8 entries of 30 bits.
+        assert_eq!(e.target.index_bytes, 8 * 8);
     }
 
     #[test]
@@ -703,7 +706,8 @@ mod tests {
     #[test]
     fn needs_formula() {
         let t = target_needs(1 << 20, 1 << 18);
-        assert_eq!(t.index_bytes, ((1 << 18) + (1 << 16) + 16) * 8);
+        // 34493 buckets of 8 entries of 30 bits (2065 leaves: L = 12).
+        assert_eq!(t.index_bytes, 129_349 * 8);
         assert_eq!(t.metadata_blocks, required_blocks(1 << 20, 1 << 18));
         assert_eq!(
             t.bitmap_bytes,

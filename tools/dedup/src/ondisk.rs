@@ -241,19 +241,194 @@ pub mod saved {
 
     /// The target's part as dedup-decide.c saves it (dd_index_saved_view):
     /// head[0] = this layout, head[1..2] the siphash key, head[3] the
-    /// entries in the slots, head[4] the inserts that found no room so far
+    /// non-empty entries, head[4] the inserts that found no room so far
     /// (the stats counter index_full), head[5] the activations that loaded
-    /// the index since one walked; the words are the slots of dedup-index.c.
-    pub const INDEX_LAYOUT: u64 = 0x3158_4449; // "IDX1"
+    /// the index since one rebuilt it, head[6] and head[7] its geometry
+    /// ([`IndexGeometry`]); the words are the packed entries of
+    /// dedup-index.c.
+    pub const INDEX_LAYOUT: u64 = 0x3258_4449; // "IDX2"
     pub const HEAD_LAYOUT: usize = 0;
     pub const HEAD_ENTRIES: usize = 3;
     pub const HEAD_FULL: usize = 4;
-    /// Slot bits 0-39: PBA + 1, 0 = empty (40-47 probe distance, 48-63 tag).
-    pub const SLOT_PBA_BITS: u32 = 40;
+    pub const HEAD_LOADS: usize = 5;
+    pub const HEAD_GEOMETRY: usize = 6;
+    pub const HEAD_BUCKETS: usize = 7;
+    /// DD_INDEX_MAX_LOADS: a head[5] this high, and the kernel rebuilds.
+    pub const MAX_LOADS: u64 = 16;
+    /// DD_FP_PER_LEAF: fingerprint records (data blocks) per leaf of the
+    /// fingerprint array, 127.
+    pub const FP_PER_LEAF: u64 = (super::PAYLOAD_SIZE / super::FP_SIZE) as u64;
+    /// The kernel's index sizing (dedup-index.h, dedup-index.c), from
+    /// which it computes the geometry a save must have: DD_INDEX_BUCKET,
+    /// entries per bucket;
+    pub const BUCKET_ENTRIES: u32 = 8;
+    /// DD_INDEX_LOAD_PERCENT, the share of the entries that one for every
+    /// data block fills;
+    pub const LOAD_PERCENT: u64 = 95;
+    /// DD_INDEX_MIN_ENTRY_BITS and DD_INDEX_MIN_TAG_BITS: entries have at
+    /// least these many bits, and at least these many tag bits.
+    pub const MIN_ENTRY_BITS: u32 = 30;
+    pub const MIN_TAG_BITS: u32 = 4;
 
-    /// The PBA a non-empty index slot names (None: its PBA bits are zero).
-    pub fn slot_pba(slot: u64) -> Option<u64> {
-        (slot & ((1 << SLOT_PBA_BITS) - 1)).checked_sub(1)
+    /// The fingerprint leaf that holds the record of data block `pba`.
+    pub fn leaf_of(pba: u64) -> u64 {
+        pba / FP_PER_LEAF
+    }
+
+    /// Fingerprint leaves a data device of `data_blocks` has.
+    pub fn nr_leaves(data_blocks: u64) -> u64 {
+        data_blocks.div_ceil(FP_PER_LEAF)
+    }
+
+    /// The shape of the saved index: `buckets` buckets of `bucket_entries`
+    /// entries of `entry_bits` bits each, packed into the target words
+    /// (entry k = bucket * E + slot in bits [k * w, k * w + w) of the bit
+    /// string whose bit j is bit j % 64 of word j / 64). An entry's low
+    /// `leaf_bits` bits hold its fingerprint leaf + 1 (0: empty, and then
+    /// the whole entry is 0), the rest a tag of the keyed hash. head[6] =
+    /// w | L << 8 | E << 16 | G << 32, head[7] = B.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct IndexGeometry {
+        /// w
+        pub entry_bits: u32,
+        /// L
+        pub leaf_bits: u32,
+        /// E
+        pub bucket_entries: u32,
+        /// G, data blocks per fingerprint leaf
+        pub fp_per_leaf: u64,
+        /// B
+        pub buckets: u64,
+    }
+
+    /// What one entry holds.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum IndexEntry {
+        Empty,
+        /// The fingerprint leaf (not + 1).
+        Leaf(u64),
+        /// A tag without a leaf: the kernel refuses the save.
+        NoLeaf,
+    }
+
+    impl IndexGeometry {
+        /// The geometry the kernel computes for a table of `data_blocks`
+        /// (dd_index_size): L = max(1, fls64(leaves)), w = max(30, L + 4),
+        /// E = 8, B = max(2, ceil(data_blocks * 100 / (95 * E))).
+        pub fn for_data_blocks(data_blocks: u64) -> IndexGeometry {
+            let leaf_bits = (64 - nr_leaves(data_blocks).leading_zeros()).max(1);
+            let e = BUCKET_ENTRIES as u128;
+            let buckets = (data_blocks as u128 * 100)
+                .div_ceil(LOAD_PERCENT as u128 * e)
+                .max(2);
+            IndexGeometry {
+                entry_bits: MIN_ENTRY_BITS.max(leaf_bits + MIN_TAG_BITS),
+                leaf_bits,
+                bucket_entries: BUCKET_ENTRIES,
+                fp_per_leaf: FP_PER_LEAF,
+                // Below data_blocks: fits.
+                buckets: buckets as u64,
+            }
+        }
+
+        /// head[6] and head[7] as a save holds them; None when they do
+        /// not describe entries this module can read (w above 64, no leaf
+        /// bits or no tag bits, no entries per bucket, a G other than
+        /// 127, bits 24-31 set, or more bits than a u64 counts).
+        pub fn decode(geometry: u64, buckets: u64) -> Option<IndexGeometry> {
+            let g = IndexGeometry {
+                entry_bits: (geometry & 0xff) as u32,
+                leaf_bits: ((geometry >> 8) & 0xff) as u32,
+                bucket_entries: ((geometry >> 16) & 0xff) as u32,
+                fp_per_leaf: geometry >> 32,
+                buckets,
+            };
+            let ok = g.entry_bits <= 64
+                && g.leaf_bits >= 1
+                && g.leaf_bits < g.entry_bits
+                && g.bucket_entries >= 1
+                && g.fp_per_leaf == FP_PER_LEAF
+                && (geometry >> 24) & 0xff == 0
+                && buckets
+                    .checked_mul(g.bucket_entries as u64)
+                    .and_then(|n| n.checked_mul(g.entry_bits as u64))
+                    .is_some();
+            ok.then_some(g)
+        }
+
+        /// head[6].
+        pub fn encode(&self) -> u64 {
+            self.entry_bits as u64
+                | (self.leaf_bits as u64) << 8
+                | (self.bucket_entries as u64) << 16
+                | self.fp_per_leaf << 32
+        }
+
+        /// B * E (fits a u64 for a decoded geometry).
+        pub fn entries(&self) -> u64 {
+            self.buckets.wrapping_mul(self.bucket_entries as u64)
+        }
+
+        /// t, the target words: ceil(B * E * w / 64).
+        pub fn words(&self) -> u64 {
+            let bits = self.entries() as u128 * self.entry_bits as u128;
+            bits.div_ceil(64) as u64
+        }
+
+        fn mask(&self) -> u64 {
+            u64::MAX.checked_shr(64 - self.entry_bits).unwrap_or(0)
+        }
+
+        /// The words entry `k` lies in: (first, last), last = first + 1
+        /// when it straddles two.
+        pub fn entry_words(&self, k: u64) -> (u64, u64) {
+            let bit = k * self.entry_bits as u64;
+            (bit / 64, (bit + self.entry_bits as u64 - 1) / 64)
+        }
+
+        /// Entry `k`, from `word(i)`, the target word i.
+        pub fn entry_with(&self, k: u64, word: impl Fn(u64) -> u64) -> u64 {
+            let bit = k * self.entry_bits as u64;
+            let (i, off) = (bit / 64, (bit % 64) as u32);
+            let mut v = word(i) >> off;
+            if off + self.entry_bits > 64 {
+                v |= word(i + 1) << (64 - off);
+            }
+            v & self.mask()
+        }
+
+        /// Entry `k` of `words` (words past the end read as 0).
+        pub fn entry(&self, words: &[u64], k: u64) -> u64 {
+            self.entry_with(k, |i| words.get(i as usize).copied().unwrap_or(0))
+        }
+
+        /// Store `v` (its low w bits) as entry `k` of `words`.
+        pub fn set_entry(&self, words: &mut [u64], k: u64, v: u64) {
+            let v = v & self.mask();
+            let bit = k * self.entry_bits as u64;
+            let (i, off) = ((bit / 64) as usize, (bit % 64) as u32);
+            words[i] = (words[i] & !(self.mask() << off)) | v << off;
+            if off + self.entry_bits > 64 {
+                let hi = 64 - off;
+                words[i + 1] = (words[i + 1] & !(self.mask() >> hi)) | v >> hi;
+            }
+        }
+
+        /// An entry naming fingerprint leaf `leaf` with tag `tag` (its
+        /// low w - L bits).
+        pub fn make_entry(&self, leaf: u64, tag: u64) -> u64 {
+            ((leaf + 1) | tag << self.leaf_bits) & self.mask()
+        }
+
+        /// What entry value `v` holds.
+        pub fn decode_entry(&self, v: u64) -> IndexEntry {
+            let field = v & u64::MAX.checked_shr(64 - self.leaf_bits).unwrap_or(0);
+            match (field, v >> self.leaf_bits) {
+                (0, 0) => IndexEntry::Empty,
+                (0, _) => IndexEntry::NoLeaf,
+                (f, _) => IndexEntry::Leaf(f - 1),
+            }
+        }
     }
 
     /// dd_saved_layout(): where each part starts, in words.
@@ -1204,10 +1379,10 @@ mod tests {
         assert_eq!(&BT_LEAF.to_le_bytes(), b"LEAF");
         assert_eq!(INTERIOR_FANOUT, 508);
         assert_eq!(&saved::MAGIC.to_le_bytes(), b"DDSAVED1");
-        assert_eq!(&saved::INDEX_LAYOUT.to_le_bytes()[..4], b"IDX1");
+        assert_eq!(saved::INDEX_LAYOUT.to_le_bytes(), *b"IDX2\0\0\0\0");
+        assert_eq!(saved::FP_PER_LEAF, 127);
+        assert_eq!(saved::FP_PER_LEAF, per_leaf(FP_SIZE as u32) as u64);
         assert_eq!(ArrayId::from_u8(4), Some(ArrayId::Saved));
-        assert_eq!(saved::slot_pba(0), None);
-        assert_eq!(saved::slot_pba((7 << 48) | (3 << 40) | 11), Some(10));
         let l = saved::Layout::new(130, 64, 5).unwrap();
         assert_eq!((l.meta_words, l.data_words), (3, 1));
         assert_eq!((l.data_start, l.target_start, l.total), (19, 20, 25));
@@ -1215,6 +1390,91 @@ mod tests {
         assert_eq!(per_leaf(8), 508);
         assert_eq!(per_leaf(4), 1016);
         assert_eq!(per_leaf(32), 127);
+    }
+
+    #[test]
+    fn index_geometry_is_the_kernels() {
+        use saved::{IndexEntry, IndexGeometry};
+        // 300 data blocks: 3 leaves, L = 2; w = 30; B = ceil(30000 / 760).
+        let g = IndexGeometry::for_data_blocks(300);
+        assert_eq!(
+            (g.entry_bits, g.leaf_bits, g.bucket_entries, g.fp_per_leaf),
+            (30, 2, 8, 127)
+        );
+        assert_eq!((g.buckets, g.entries(), g.words()), (40, 320, 150));
+        assert_eq!(g.encode(), 30 | 2 << 8 | 8 << 16 | 127 << 32);
+        assert_eq!(IndexGeometry::decode(g.encode(), g.buckets), Some(g));
+        // Leaf counts at powers of two: 127 blocks are 1 leaf (L = 1),
+        // 128 are 2 (L = 2), 2^32 are 33818641 (L = 26, w still 30), and
+        // 2^40 need L = 34, so w = 38. No leaf at all: L = 1.
+        assert_eq!(IndexGeometry::for_data_blocks(0).leaf_bits, 1);
+        assert_eq!(IndexGeometry::for_data_blocks(127).leaf_bits, 1);
+        assert_eq!(IndexGeometry::for_data_blocks(128).leaf_bits, 2);
+        let g = IndexGeometry::for_data_blocks(1 << 32);
+        assert_eq!(saved::nr_leaves(1 << 32), 33_818_641);
+        assert_eq!((g.leaf_bits, g.entry_bits), (26, 30));
+        assert_eq!(g.buckets, 565_127_276); // ceil(2^32 * 100 / 760)
+        let g = IndexGeometry::for_data_blocks(1 << 40);
+        assert_eq!((g.leaf_bits, g.entry_bits), (34, 38));
+        // At least 2 buckets.
+        assert_eq!(IndexGeometry::for_data_blocks(1).buckets, 2);
+        assert_eq!(IndexGeometry::for_data_blocks(15).buckets, 2);
+        assert_eq!(IndexGeometry::for_data_blocks(16).buckets, 3);
+        assert_eq!(saved::leaf_of(126), 0);
+        assert_eq!(saved::leaf_of(127), 1);
+
+        // What decode refuses.
+        let ok = 30 | 2 << 8 | 8 << 16 | 127 << 32;
+        assert!(IndexGeometry::decode(ok, 40).is_some());
+        for bad in [
+            (ok & !0xff) | 65,             // w > 64
+            ok & !(0xff << 8),             // L = 0
+            (ok & !(0xff << 8)) | 30 << 8, // L = w
+            ok & !(0xff << 16),            // E = 0
+            ok | 1 << 24,                  // bits 24-31
+            (ok & 0xffff_ffff) | 128 << 32,
+        ] {
+            assert_eq!(IndexGeometry::decode(bad, 40), None, "{bad:#x}");
+        }
+        assert_eq!(IndexGeometry::decode(ok, u64::MAX / 4), None);
+        // w = 64: one entry a word.
+        let g = IndexGeometry::decode(64 | 40 << 8 | 4 << 16 | 127 << 32, 3).unwrap();
+        assert_eq!((g.entries(), g.words()), (12, 12));
+
+        // Entries straddle words: with w = 30, entry 2 is bits 60..90.
+        let g = IndexGeometry::for_data_blocks(300);
+        assert_eq!(g.entry_words(1), (0, 0));
+        assert_eq!(g.entry_words(2), (0, 1));
+        assert_eq!(g.entry_words(3), (1, 1));
+        let mut w = vec![0u64; g.words() as usize];
+        let e = g.make_entry(2, 0x5a5_a5a5);
+        assert_eq!(e, 3 | 0x5a5_a5a5 << 2);
+        g.set_entry(&mut w, 2, e);
+        assert_eq!(w[0], e << 60);
+        assert_eq!(w[1], e >> 4);
+        assert_eq!(w[2..], vec![0; w.len() - 2][..]);
+        assert_eq!(g.entry(&w, 2), e);
+        assert_eq!((g.entry(&w, 1), g.entry(&w, 3)), (0, 0));
+        assert_eq!(g.decode_entry(e), IndexEntry::Leaf(2));
+        assert_eq!(g.decode_entry(0), IndexEntry::Empty);
+        assert_eq!(g.decode_entry(1 << 2), IndexEntry::NoLeaf);
+        // Every entry round-trips, neighbours untouched, the last ending
+        // in the last word.
+        let mut w = vec![0u64; g.words() as usize];
+        let val = |k: u64| g.make_entry(k % 3, k.wrapping_mul(0x9E37_79B9));
+        for k in 0..g.entries() {
+            g.set_entry(&mut w, k, val(k));
+        }
+        for k in 0..g.entries() {
+            assert_eq!(g.entry(&w, k), val(k), "entry {k}");
+        }
+        assert_eq!(g.entry_words(g.entries() - 1).1, g.words() - 1);
+        g.set_entry(&mut w, 2, 0);
+        assert_eq!((g.entry(&w, 1), g.entry(&w, 2)), (val(1), 0));
+        assert_eq!(g.entry(&w, 3), val(3));
+        // Past the end reads as zeros: of entry 2, the 4 bits of word 0.
+        g.set_entry(&mut w, 2, val(2));
+        assert_eq!(g.entry(&w[..1], 2), val(2) & 0xf);
     }
 
     #[test]

@@ -9,14 +9,19 @@
 //! the kernel would load is compared with what the walk of the trees found;
 //! a difference is an error, `saved_state_wrong`, since the kernel would
 //! trust it (allocate over live blocks, or never reuse free ones).
-//! Not checked: the index's capacity (the kernel also refuses more entries
-//! than its index, sized by the table, holds) and the slots' probe
-//! distances and tags, which only steer lookups.
+//! The index is read as dd_index_saved_ok() reads it: its layout (IDX2)
+//! and geometry must be the ones the kernel computes for the table, and
+//! every entry must name a fingerprint leaf of the device with a block the
+//! data bitmap marks. Compared with the trees: no leaf is named by more
+//! entries than it has live blocks (one entry per indexed block). Not
+//! checked: the index's capacity (the kernel also refuses more entries
+//! than its index holds) and the entries' buckets and tags, which only
+//! steer lookups.
 //!
 //! A child module of `check`: it drives the check's own Walker.
 
 use super::*;
-use crate::ondisk::saved::{self as fmt, Layout};
+use crate::ondisk::saved::{self as fmt, IndexEntry, IndexGeometry, Layout};
 
 pub(super) const STALE: &str = "saved_state_stale";
 pub(super) const WRONG: &str = "saved_state_wrong";
@@ -69,11 +74,18 @@ pub(super) struct SavedWalk {
     marked_count: u64,
     data_out_of_range: Tally,
     data_dead: Tally,
-    slots_used: u64,
-    indexed: Live,
-    slot_no_block: Tally,
-    slot_dead: Tally,
-    slot_twice: Tally,
+    /// Set with `layout`: how the target words hold the entries.
+    index: Option<IndexGeometry>,
+    /// The last non-zero target word seen (its index in the target part
+    /// and value), whose last entry may go on in the next word.
+    pending: Option<(u64, u64)>,
+    entries_used: u64,
+    /// Entries per fingerprint leaf.
+    leaf_entries: Counts,
+    /// Entries with a tag but no leaf (first: the entry).
+    entry_no_leaf: Tally,
+    /// Entries naming a leaf past the device's (first: the leaf).
+    entry_beyond: Tally,
     /// Would keep the kernel from loading it (besides the walk's faults).
     stale: Vec<(At, String)>,
     /// What the kernel would load and trust, and is not so.
@@ -107,11 +119,12 @@ impl SavedWalk {
             marked_count: 0,
             data_out_of_range: Tally::default(),
             data_dead: Tally::default(),
-            slots_used: 0,
-            indexed: Live::new(data_blocks, dense_limit),
-            slot_no_block: Tally::default(),
-            slot_dead: Tally::default(),
-            slot_twice: Tally::default(),
+            index: None,
+            pending: None,
+            entries_used: 0,
+            leaf_entries: Counts::new(fmt::nr_leaves(data_blocks), dense_limit),
+            entry_no_leaf: Tally::default(),
+            entry_beyond: Tally::default(),
             stale: Vec::new(),
             wrong: Vec::new(),
         }
@@ -179,15 +192,42 @@ impl SavedWalk {
                     ),
                 );
             }
-            let kind = h[fmt::W_TARGET_HEAD + fmt::HEAD_LAYOUT];
+            let head = &h[fmt::W_TARGET_HEAD..fmt::W_TARGET_HEAD + fmt::TARGET_HEAD];
+            let kind = head[fmt::HEAD_LAYOUT];
+            let (geometry, buckets) = (head[fmt::HEAD_GEOMETRY], head[fmt::HEAD_BUCKETS]);
+            let want = IndexGeometry::for_data_blocks(self.data_blocks);
+            let index = IndexGeometry::decode(geometry, buckets);
             if kind != fmt::INDEX_LAYOUT {
                 stale(
                     fmt::W_TARGET_HEAD,
-                    format!("index layout {kind:#x} is not this module's (IDX1)"),
+                    format!("index layout {kind:#x} is not this module's (IDX2)"),
+                );
+            } else if let Some(g) = index.filter(|g| g.words() != tw) {
+                stale(
+                    fmt::W_TARGET_HEAD + fmt::HEAD_GEOMETRY,
+                    format!(
+                        "its index geometry packs {} entries of {} bits in {} words, not the \
+                         {tw} index words it has",
+                        g.entries(),
+                        g.entry_bits,
+                        g.words()
+                    ),
+                );
+            } else if index != Some(want) {
+                stale(
+                    fmt::W_TARGET_HEAD + fmt::HEAD_GEOMETRY,
+                    format!(
+                        "index geometry {geometry:#x} with {buckets} buckets is not the \
+                         kernel's for {} data blocks ({:#x} with {} buckets)",
+                        self.data_blocks,
+                        want.encode(),
+                        want.buckets
+                    ),
                 );
             }
             if ok {
                 self.layout = layout;
+                self.index = index;
             }
         }
         if !ok {
@@ -232,7 +272,7 @@ impl SavedWalk {
             } else if i < l.target_start {
                 self.data_word(i - l.data_start, v);
             } else {
-                self.slot(v);
+                self.target_word(i - l.target_start, v);
             }
         }
     }
@@ -251,22 +291,75 @@ impl SavedWalk {
         }
     }
 
-    fn slot(&mut self, v: u64) {
-        self.slots_used += 1;
-        match fmt::slot_pba(v) {
-            None => self.slot_no_block.add(v),
-            Some(p) if p >= self.data_blocks || !self.live.contains(p) => self.slot_dead.add(p),
-            Some(p) if self.indexed.contains(p) => self.slot_twice.add(p),
-            Some(p) => self.indexed.insert(p),
+    /// Non-zero target word `j` (the walk skips zeros, absent leaves
+    /// among them): the entries that end in it. One that goes on into
+    /// word j + 1 waits for it, or for [`Self::flush`] if it is zero.
+    fn target_word(&mut self, j: u64, v: u64) {
+        let Some(g) = self.index else {
+            return;
+        };
+        if self.pending.is_some_and(|(i, _)| i + 1 != j) {
+            self.flush();
         }
+        let prev = match self.pending {
+            Some((i, pv)) if i + 1 == j => pv,
+            _ => 0,
+        };
+        let w = g.entry_bits as u128;
+        // From the entry holding the word's first bit to the last one
+        // starting in it.
+        let first = (j as u128 * 64 / w) as u64;
+        let end = ((j as u128 * 64 + 64).div_ceil(w) as u64).min(g.entries());
+        for k in first..end {
+            if g.entry_words(k).1 > j {
+                continue;
+            }
+            let e = g.entry_with(k, |x| {
+                if x == j {
+                    v
+                } else if x + 1 == j {
+                    prev
+                } else {
+                    0
+                }
+            });
+            self.entry(&g, k, e);
+        }
+        self.pending = Some((j, v));
+    }
+
+    /// The entry that goes on from the pending word into a zero one.
+    fn flush(&mut self) {
+        let (Some(g), Some((i, v))) = (self.index, self.pending.take()) else {
+            return;
+        };
+        let k = ((i as u128 * 64 + 63) / g.entry_bits as u128) as u64;
+        if k < g.entries() && g.entry_words(k) == (i, i + 1) {
+            let e = g.entry_with(k, |x| if x == i { v } else { 0 });
+            self.entry(&g, k, e);
+        }
+    }
+
+    /// Entry `k`, value `e`: what dd_index_saved_ok checks of it alone.
+    fn entry(&mut self, g: &IndexGeometry, k: u64, e: u64) {
+        match g.decode_entry(e) {
+            IndexEntry::Empty => return,
+            IndexEntry::NoLeaf => self.entry_no_leaf.add(k),
+            IndexEntry::Leaf(leaf) if leaf >= fmt::nr_leaves(self.data_blocks) => {
+                self.entry_beyond.add(leaf)
+            }
+            IndexEntry::Leaf(leaf) => self.leaf_entries.inc_all(&[leaf]),
+        }
+        self.entries_used += 1;
     }
 
     /// After the walk: the rest of dd_saved_load() and dd_activate_saved()
     /// (metadata bitmap, counts), then the comparison with the trees.
-    fn judge(&mut self, sb: &Superblock, owner: &[u8], live_blocks: u64) {
+    fn judge(&mut self, sb: &Superblock, owner: &[u8]) {
         if !self.header_seen && !self.unreadable {
             self.stale(at_word(0), "no header: the array has no leaf".into());
         }
+        self.flush();
         if self.layout.is_none() {
             return;
         }
@@ -334,12 +427,23 @@ impl SavedWalk {
             ));
         }
         let entries = self.head[fmt::HEAD_ENTRIES];
-        if self.slots_used != entries {
+        if self.entries_used != entries {
             stale.push((
                 at,
                 format!(
-                    "{} index slots are in use but its head says {entries} entries",
-                    self.slots_used
+                    "{} index entries are in use but its head says {entries}",
+                    self.entries_used
+                ),
+            ));
+        }
+        let loads = self.head[fmt::HEAD_LOADS];
+        if loads >= fmt::MAX_LOADS {
+            stale.push((
+                at,
+                format!(
+                    "its index was loaded {loads} times since it was rebuilt: the kernel \
+                     rebuilds it at {}",
+                    fmt::MAX_LOADS
                 ),
             ));
         }
@@ -373,31 +477,56 @@ impl SavedWalk {
             "data blocks with refcount > 0 are not marked used",
             ": the kernel would allocate them again and overwrite their content",
         );
+        // The leaves the entries name: dd_index_saved_ok refuses one
+        // without a block in the data bitmap; one with fewer live blocks
+        // than entries holds entries of blocks that are gone.
+        let per_leaf = fmt::FP_PER_LEAF;
+        let mut leaf_unmarked = Tally::default();
+        let mut leaf_over = Tally::default();
+        for (leaf, n) in self.leaf_entries.remaining() {
+            let blocks = leaf * per_leaf..((leaf + 1) * per_leaf).min(self.data_blocks);
+            if !blocks.clone().any(|p| self.marked.contains(p)) {
+                leaf_unmarked.add(leaf);
+            } else if (blocks.filter(|&p| self.live.contains(p)).count() as u64) < n as u64 {
+                leaf_over.add(leaf);
+            }
+        }
         // dd_index_saved_ok refuses these: the kernel walks instead.
         note(
             &mut stale,
-            &self.slot_no_block,
-            "index slots are in use but name no block (slot value)",
+            &self.entry_no_leaf,
+            "index entries hold a tag but no leaf (entry number)",
             "",
         );
         note(
             &mut stale,
-            &self.slot_dead,
-            "index slots name a data block with refcount 0 or beyond the device",
+            &self.entry_beyond,
+            &format!(
+                "index entries name a fingerprint leaf past the data device's {}",
+                fmt::nr_leaves(self.data_blocks)
+            ),
+            "",
+        );
+        note(
+            &mut stale,
+            &leaf_unmarked,
+            "fingerprint leaves named by index entries hold no block marked used",
             "",
         );
         note(
             &mut wrong,
-            &self.slot_twice,
-            "data blocks are in two index slots",
-            "",
+            &leaf_over,
+            "fingerprint leaves are named by more index entries than they hold blocks with \
+             refcount > 0",
+            ": the index holds entries of blocks that are gone",
         );
-        if entries > live_blocks {
+        if entries > self.marked_count {
             stale.push((
                 at,
                 format!(
-                    "its head counts {entries} index entries, but only {live_blocks} data \
-                     blocks have refcount > 0"
+                    "its head counts {entries} index entries, but it marks only {} data \
+                     blocks used",
+                    self.marked_count
                 ),
             ));
         }
@@ -476,7 +605,7 @@ impl Walker<'_> {
                 compared: false,
             });
         }
-        s.judge(self.sb, &self.owner, self.summary.live_blocks);
+        s.judge(self.sb, &self.owner);
         let loadable = !s.unreadable && s.stale.is_empty();
         for (at, why) in std::mem::take(&mut s.stale) {
             self.warn(STALE, at, format!("{why}; the kernel would not load it"));
@@ -498,5 +627,82 @@ impl Walker<'_> {
             loadable,
             compared: loadable && trees_whole,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Entries read from the target words as the walk hands them over
+    /// (non-zero words only, in order, absent runs between) are those of
+    /// the whole array, those that straddle into a zero word included.
+    #[test]
+    fn entries_stream_across_words_and_gaps() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let geometries = [
+            (300, IndexGeometry::for_data_blocks(300)),
+            (
+                1 << 36,
+                IndexGeometry::decode(37 | 30 << 8 | 4 << 16 | 127 << 32, 40).unwrap(),
+            ),
+            (
+                5000,
+                IndexGeometry::decode(64 | 6 << 8 | 3 << 16 | 127 << 32, 20).unwrap(),
+            ),
+        ];
+        for (data_blocks, g) in geometries {
+            for round in 0..40 {
+                let mut words = vec![0u64; g.words() as usize];
+                for w in words.iter_mut() {
+                    *w = match rnd() % 4 {
+                        0 | 1 => 0,
+                        2 => rnd() & rnd(),
+                        _ => 1 << (rnd() % 64),
+                    };
+                }
+                if round % 2 == 1 {
+                    // Zero tags: the high part of a straddling entry is 0.
+                    for k in 0..g.entries() {
+                        let v = g.entry(&words, k);
+                        let low = v & ((1 << g.leaf_bits) - 1);
+                        g.set_entry(&mut words, k, low);
+                    }
+                }
+                let mut s = SavedWalk::new(1000, data_blocks, 1 << 20);
+                s.index = Some(g);
+                for (j, &v) in (0..).zip(&words) {
+                    if v != 0 {
+                        s.target_word(j, v);
+                    }
+                }
+                s.flush();
+                let nr_leaves = fmt::nr_leaves(data_blocks);
+                let (mut used, mut no_leaf, mut beyond) = (0, 0, 0);
+                let mut per_leaf = BTreeMap::new();
+                for k in 0..g.entries() {
+                    match g.decode_entry(g.entry(&words, k)) {
+                        IndexEntry::Empty => continue,
+                        IndexEntry::NoLeaf => no_leaf += 1,
+                        IndexEntry::Leaf(l) if l >= nr_leaves => beyond += 1,
+                        IndexEntry::Leaf(l) => *per_leaf.entry(l).or_insert(0u32) += 1,
+                    }
+                    used += 1;
+                }
+                assert!(used > 0);
+                assert_eq!(s.entries_used, used, "{g:?} round {round}");
+                assert_eq!(s.entry_no_leaf.count, no_leaf);
+                assert_eq!(s.entry_beyond.count, beyond);
+                let got: BTreeMap<u64, u32> = s.leaf_entries.remaining().into_iter().collect();
+                assert_eq!(got, per_leaf);
+            }
+        }
     }
 }

@@ -18,9 +18,11 @@
 //! - the kernel refuses metadata with damaged leaves, activates what
 //!   `dedup repair` makes of it (placeholder fingerprints included), reads
 //!   back every salvaged mapping, and keeps working on it;
-//! - the state the kernel saves at a clean close (dd_md_save) checks clean
-//!   and loadable, the kernel loads it in place of a walk with the same
-//!   state, and its next commit drops it;
+//! - the state the kernel saves at a clean close (dd_md_save, with an
+//!   index part in the target's layout) checks clean and loadable, the
+//!   kernel loads it in place of a walk with the same state, and its next
+//!   commit drops it; an index entry naming no leaf of the device makes
+//!   both refuse it;
 //! - a device the kernel grew checks clean at its new sizes;
 //! - the journal the kernel gives a version 1 device is the one the tools'
 //!   writer would make on it;
@@ -610,10 +612,41 @@ fn kernel_opens_repaired_metadata() {
     assert_agrees(&r, &c, &more);
 }
 
+/// The words of the save `sb` names (absent leaves read as zeros), and
+/// the block of each present leaf, by leaf number.
+fn read_save(d: &MemDev, sb: &Superblock) -> (Vec<u64>, BTreeMap<u64, u64>) {
+    let g = Geometry::new(ArrayId::Saved, sb.saved_words);
+    let mut words = vec![0u64; sb.saved_words as usize];
+    let mut leaves = BTreeMap::new();
+    let mut todo = vec![(sb.saved_root, g.height, 0u64)];
+    while let Some((b, level, base)) = todo.pop() {
+        let block = d.block(b);
+        if level == 0 {
+            let first = (base * g.per_leaf as u64) as usize;
+            for i in 0..g.leaf_count(base) as usize {
+                words[first + i] = le64(&block[..], HEADER_SIZE + i * 8);
+            }
+            leaves.insert(base, b);
+            continue;
+        }
+        for slot in 0..INTERIOR_FANOUT as u32 {
+            let Some(leaf) = g.child_first_leaf(base, level, slot) else {
+                break;
+            };
+            let child = le64(&block[..], HEADER_SIZE + slot as usize * 8);
+            if child != 0 {
+                todo.push((child, level - 1, leaf));
+            }
+        }
+    }
+    (words, leaves)
+}
+
 /// What the kernel saves at a clean close (dd_md_save, an index part of
-/// empty slots) checks clean and loadable; the kernel loads it instead of
-/// walking the trees and finds the same state; the commit of the next
-/// read-write open drops it, and the walk finds the same state again.
+/// one entry per live block) checks clean and loadable; the kernel loads
+/// it instead of walking the trees and finds the same state; the commit of
+/// the next read-write open drops it, and the walk finds the same state
+/// again. An entry naming a leaf past the device's: both refuse it.
 #[test]
 fn kernel_saved_state_checks_clean_and_loads() {
     let Some(h) = harness() else { return };
@@ -639,6 +672,62 @@ fn kernel_saved_state_checks_clean_and_loads() {
     assert_eq!(s.live_blocks, out.stats["live"]);
     let text = dedup_tools::check::render(&r, "m");
     assert!(text.contains("loadable, matches the trees"), "{text}");
+
+    // Its index part: IDX2 at the kernel's geometry for the sizes, one
+    // entry for each live block, across several leaves of the save.
+    let dev = MemDev::from_bytes(fs::read(&m).unwrap());
+    let sbk = Superblock::decode(dev.block(sb.slot));
+    let (words, leaves) = read_save(&dev, &sbk);
+    assert!(leaves.len() >= 4, "{leaves:?}");
+    let head = &words[saved::W_TARGET_HEAD..saved::W_TARGET_HEAD + saved::TARGET_HEAD];
+    let g = saved::IndexGeometry::for_data_blocks(data);
+    assert_eq!(g.leaf_bits, 6); // 32 leaves
+    assert_eq!(head[saved::HEAD_LAYOUT], saved::INDEX_LAYOUT);
+    assert_eq!(
+        (head[saved::HEAD_GEOMETRY], head[saved::HEAD_BUCKETS]),
+        (g.encode(), g.buckets)
+    );
+    let lay = saved::Layout::new(sbk.metadata_blocks, data, g.words()).unwrap();
+    assert_eq!(lay.total, sbk.saved_words);
+    let target = &words[lay.target_start as usize..];
+    let used: Vec<u64> = (0..g.entries())
+        .filter(|&k| g.entry(target, k) != 0)
+        .collect();
+    assert_eq!(used.len() as u64, head[saved::HEAD_ENTRIES]);
+    assert_eq!(head[saved::HEAD_ENTRIES], out.stats["live"]);
+    assert_eq!(head[saved::HEAD_FULL], 0);
+
+    // One entry made to name leaf 32, past the last (31): both refuse it,
+    // the kernel walks instead.
+    let bad = t.0.join("bad");
+    let mut dev = dev;
+    let mut t2 = target.to_vec();
+    let k = used[used.len() / 2];
+    let tag = g.entry(target, k) >> g.leaf_bits;
+    g.set_entry(&mut t2, k, g.make_entry(32, tag));
+    for (i, (&a, &b)) in (lay.target_start..).zip(target.iter().zip(&t2)) {
+        if a != b {
+            let block = leaves[&(i / INTERIOR_FANOUT)];
+            let off = HEADER_SIZE + (i % INTERIOR_FANOUT) as usize * 8;
+            let blk = dev.block_mut(block);
+            blk[off..off + 8].copy_from_slice(&b.to_le_bytes());
+            seal(blk);
+        }
+    }
+    fs::write(&bad, &dev.bytes).unwrap();
+    let (r, _) = check_file(&bad);
+    assert!(
+        r.problems.iter().all(|p| p.code == "saved_state_stale")
+            && r.problems.iter().any(|p| p
+                .message
+                .contains("1 index entries name a fingerprint leaf past the data device's 32")),
+        "{:#?}",
+        r.problems
+    );
+    assert!(!r.saved.as_ref().unwrap().loadable);
+    let walked = run(h, &["map", bad.to_str().unwrap(), &l, &d]).unwrap();
+    assert_eq!(walked.stats["loaded"], 0);
+    assert_eq!(walked.map, out.map);
 
     // Loaded, read-only: the same map and counters.
     let loaded = run(h, &["map", ms, &l, &d]).unwrap();
