@@ -491,6 +491,44 @@ static void dd_index_test_every_block(struct kunit *test)
 }
 
 /*
+ * The tags of a 16 TiB device: 4 bits (w = L + 4). Forced here on a small
+ * index (its words have room: entries only shrink). Every block still
+ * gets its entry at 100 % of the data blocks, many entries are equal
+ * (same tag, same leaf) and removals keep the rest, and a lookup of new
+ * content finds about 16 * 0.95 / 16 false candidates.
+ */
+static void dd_index_test_short_tags(struct kunit *test)
+{
+	const u64 max = 1 << 16;
+	struct dd_index *idx = dd_test_index(test, max);
+	u64 i, false_cands = 0;
+	u8 fp[DD_FP_SIZE];
+
+	idx->entry_bits = idx->leaf_bits + 4;
+	for (i = 0; i < max; i++) {
+		dd_test_fp(fp, i);
+		KUNIT_ASSERT_EQ_MSG(test, dd_index_insert(idx, fp, i), 0,
+				    "block %llu", i);
+	}
+	for (i = 0; i < max; i++) {
+		dd_test_fp(fp, max + i);
+		false_cands += dd_test_candidates(idx, fp);
+	}
+	KUNIT_EXPECT_GT(test, false_cands, max / 2);
+	KUNIT_EXPECT_LT(test, false_cands, max * 3 / 2);
+	for (i = 0; i < max; i += 2) {
+		dd_test_fp(fp, i);
+		KUNIT_ASSERT_TRUE(test, dd_index_remove(idx, fp, i));
+	}
+	for (i = 1; i < max; i += 2) {
+		dd_test_fp(fp, i);
+		KUNIT_ASSERT_TRUE_MSG(test, dd_test_has(idx, fp, i),
+				      "block %llu", i);
+	}
+	KUNIT_EXPECT_EQ(test, dd_test_count_slots(test, idx), max / 2);
+}
+
+/*
  * Random inserts and removals near the design load against a plain list
  * of what should be there; every live entry must still be found. This
  * exercises walks and removals in combinations the hand-made cases above
@@ -573,6 +611,7 @@ static struct kunit_case dd_index_cases[] = {
 	KUNIT_CASE(dd_index_test_packing),
 	KUNIT_CASE(dd_index_test_memory),
 	KUNIT_CASE(dd_index_test_every_block),
+	KUNIT_CASE(dd_index_test_short_tags),
 	KUNIT_CASE(dd_index_test_random_model),
 	KUNIT_CASE(dd_index_test_keyed),
 	{}
