@@ -570,29 +570,32 @@ def clean_activation(s):
     return dict(timed_activate(s), remove_secs=removed)
 
 
-def crashed_activation(s, meta_linear, meta):
-    """dm-dedup removed while its metadata disk fails every write: no
-    final commit and no save reach it, as after a crash. Then time the
-    activation on the healthy disk: a rebuild from the trees."""
-    n = sectors(meta)
-    ddlib.dm_swap_table(meta_linear, "0 %d flakey %s 0 0 1 1 error_writes" % (n, meta))
-    s.remove()
-    ddlib.dm_swap_table(meta_linear, "0 %d linear %s 0" % (n, meta))
+def crashed_activation(s, linear, disk_path):
+    """The stack removed while the disk under @linear (its metadata: the
+    metadata disk of dm-dedup, the one disk of dm-vdo) fails every write:
+    no final commit, save or clean mark reaches it, as after a crash. Then
+    time the activation on the healthy disk: dm-dedup rebuilds from the
+    trees, dm-vdo recovers from its journal."""
+    n = sectors(disk_path)
+    ddlib.dm_swap_table(linear, "0 %d flakey %s 0 0 1 1 error_writes" % (n, disk_path))
+    try:
+        s.remove()
+    finally:
+        ddlib.dm_swap_table(linear, "0 %d linear %s 0" % (n, disk_path))
     return timed_activate(s)
 
 
 def w_activation(stacks, data, meta):
-    """Activation of a device holding ACT_BLOCKS unique blocks: dm-vdo and
-    dm-dedup after a clean shutdown, and dm-dedup after a crash (its index
-    rebuilt from the fingerprint records)."""
+    """Activation of a device holding ACT_BLOCKS unique blocks, for dm-vdo
+    and dm-dedup: after a clean shutdown, and after a crash (dm-dedup's
+    index rebuilt from the fingerprint records, dm-vdo's recovery)."""
     for cls in stacks:
         if cls not in (Vdo, Dedup):
             continue
         discard_disks(data, meta)
-        meta_linear = None
-        if cls is Dedup:
-            meta_linear, _ = ddlib.dm_linear("bench-meta", meta)
-        s = cls(data, meta_linear or meta)
+        under = meta if cls is Dedup else data
+        linear, _ = ddlib.dm_linear("bench-under", under)
+        s = cls(data, linear) if cls is Dedup else cls(linear, meta)
         s.create()
         try:
             fio(s.dev, rw="write", bs="1M", iodepth=4, size=ACT_BLOCKS * BLOCK,
@@ -604,14 +607,28 @@ def w_activation(stacks, data, meta):
                    extra=extra)
             if cls is Dedup:
                 assert all(r["index_loaded"] == 1 for r in runs), runs
-                runs = [crashed_activation(s, "bench-meta", meta) for _ in range(REPS + 1)]
+            try:
+                runs = [crashed_activation(s, "bench-under", under)
+                        for _ in range(REPS + 1)]
+            except Exception as e:      # noqa: BLE001
+                if cls is Dedup:
+                    raise
+                # dm-vdo's own behaviour under failing writes: leave it out
+                log("activation after a crash: %s failed: %s" % (s.name, e))
+                if not os.path.exists(s.dev):
+                    try:
+                        s.activate()
+                    except Exception:   # noqa: BLE001
+                        pass
+                continue
+            if cls is Dedup:
                 assert not any(r["index_loaded"] for r in runs), runs
-                record("activation", "crash", s.name, "secs", "s", runs, better="lower",
-                       extra=extra)
+            record("activation", "crash", s.name, "secs", "s", runs, better="lower",
+                   extra=extra)
         finally:
-            s.remove()
-            if meta_linear:
-                ddlib.dm_remove("bench-meta")
+            if os.path.exists(s.dev):
+                s.remove()
+            ddlib.dm_remove("bench-under")
     save()
 
 
