@@ -577,12 +577,21 @@ def crashed_activation(s, linear, disk_path):
     time the activation on the healthy disk: dm-dedup rebuilds from the
     trees, dm-vdo recovers from its journal."""
     n = sectors(disk_path)
+    with open("/dev/kmsg", "w") as k:
+        k.write("bench: crash of %s\n" % s.name)
     ddlib.dm_swap_table(linear, "0 %d flakey %s 0 0 1 1 error_writes" % (n, disk_path))
     try:
         s.remove()
     finally:
         ddlib.dm_swap_table(linear, "0 %d linear %s 0" % (n, disk_path))
-    return timed_activate(s)
+    run = timed_activate(s)
+    # What the activation said about the crash (dm-vdo: its recovery).
+    log_lines = sh(["dmesg"]).stdout.splitlines()
+    mark = max(i for i, l in enumerate(log_lines) if "bench: crash of" in l)
+    run["kmsg"] = [l for l in log_lines[mark + 1:]
+                   if s.name in l.lower() and ("recover" in l.lower() or "clean" in l.lower() or
+                                               "rebuilt" in l or "replay" in l)][-4:]
+    return run
 
 
 def w_activation(stacks, data, meta):
