@@ -515,7 +515,7 @@ def main():
                    "before the stack was created: MemTotal - MemFree - Buffers - Cached. "
                    "Per data block: divided by the %d blocks of the data disk. dm-vdo's "
                    "figure includes its fixed block-map cache (128 MiB) and UDS index; "
-                   "dm-dedup's its index (10 bytes per data block) and whatever the "
+                   "dm-dedup's its index (about 4 bytes per data block since target version 1.2, 10 before) and whatever the "
                    "metadata cache held that drop_caches did not release. The raw and "
                    "thin rows show the noise of this figure (user space, page tables). "
                    "The slab+vmalloc+percpu column is the change in the kernel's own "
