@@ -55,6 +55,12 @@ static void dd_entry_set(struct dd_index *idx, u64 k, u64 e)
 	}
 }
 
+/* The leaf field: leaf + 1, or 0. */
+static inline u64 dd_entry_leaf1(const struct dd_index *idx, u64 e)
+{
+	return e & GENMASK_ULL(idx->leaf_bits - 1, 0);
+}
+
 static inline u64 dd_entry_tag(const struct dd_index *idx, u64 e)
 {
 	return e >> idx->leaf_bits;
@@ -174,7 +180,7 @@ int dd_index_slot_leaf(const struct dd_index *idx, u64 k, u64 *leaf)
 
 	if (!e)
 		return 0;
-	leaf1 = e & GENMASK_ULL(idx->leaf_bits - 1, 0);
+	leaf1 = dd_entry_leaf1(idx, e);
 	if (!leaf1 || leaf1 > idx->nr_leaves)
 		return -EILSEQ;
 	*leaf = leaf1 - 1;
@@ -266,20 +272,27 @@ void dd_index_iter_init(const struct dd_index *idx, const u8 *fp,
 	it->pos = 0;
 }
 
+/* The slot the iterator looked at last. */
+static u64 dd_iter_slot(const struct dd_index_iter *it)
+{
+	u32 pos = it->pos - 1;
+
+	return it->bucket[pos / DD_INDEX_BUCKET] * DD_INDEX_BUCKET +
+	       pos % DD_INDEX_BUCKET;
+}
+
 bool dd_index_iter_next(const struct dd_index *idx, struct dd_index_iter *it,
 			u64 *leaf)
 {
 	u32 end = it->bucket[1] == it->bucket[0] ? DD_INDEX_BUCKET :
 						   2 * DD_INDEX_BUCKET;
-	u64 k, e;
+	u64 e;
 
 	while (it->pos < end) {
-		k = it->bucket[it->pos / DD_INDEX_BUCKET] * DD_INDEX_BUCKET +
-		    it->pos % DD_INDEX_BUCKET;
 		it->pos++;
-		e = dd_entry_get(idx, k);
+		e = dd_entry_get(idx, dd_iter_slot(it));
 		if (e && dd_entry_tag(idx, e) == it->tag) {
-			*leaf = (e & GENMASK_ULL(idx->leaf_bits - 1, 0)) - 1;
+			*leaf = dd_entry_leaf1(idx, e) - 1;
 			return true;
 		}
 	}
@@ -293,23 +306,16 @@ bool dd_index_iter_next(const struct dd_index *idx, struct dd_index_iter *it,
  */
 bool dd_index_remove(struct dd_index *idx, const u8 *fp, u64 pba)
 {
-	u64 leaf = dd_index_leaf_of(pba), b[2], tag, e, k;
-	unsigned int i, j;
+	struct dd_index_iter it;
+	u64 found;
 
-	if (leaf >= idx->nr_leaves)
-		return false;
-	dd_place(idx, fp, &b[0], &tag);
-	b[1] = dd_partner(idx, b[0], tag);
-	e = dd_make_entry(idx, tag, leaf);
-	for (i = 0; i < 2; i++) {
-		for (j = 0; j < DD_INDEX_BUCKET; j++) {
-			k = b[i] * DD_INDEX_BUCKET + j;
-			if (dd_entry_get(idx, k) == e) {
-				dd_entry_set(idx, k, 0);
-				idx->nr_entries--;
-				return true;
-			}
-		}
+	dd_index_iter_init(idx, fp, &it);
+	while (dd_index_iter_next(idx, &it, &found)) {
+		if (found != dd_index_leaf_of(pba))
+			continue;
+		dd_entry_set(idx, dd_iter_slot(&it), 0);
+		idx->nr_entries--;
+		return true;
 	}
 	return false;
 }
