@@ -270,6 +270,29 @@ static void dd_inflight_del(struct dedup_c *dc, struct dd_write_block *b)
 	}
 }
 
+/*
+ * No live block holds @b's content: store it, or wait behind the write
+ * already storing it. Called in the same hold of dc->index_lock as the
+ * lookup that found no candidate, so two writers of new content never
+ * both store it.
+ */
+static enum dd_decision dd_lead_or_park(struct dedup_c *dc,
+					struct dd_write_block *b)
+{
+	struct dd_write_block *leader;
+
+	lockdep_assert_held(&dc->index_lock);
+	b->error = 0;
+	/* Never share a block before its data is written. */
+	leader = dd_inflight_find(dc, b->fp);
+	if (leader) {
+		list_add_tail(&b->wait_entry, &leader->waiters);
+		return DD_PARKED;
+	}
+	dd_inflight_add(dc, b);
+	return DD_STORE;
+}
+
 /* A leader that will not store after all: its followers decide again. */
 static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 {
@@ -357,23 +380,15 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 	return r ? r : DD_SHARED;
 }
 
-enum dd_dedup_result {
-	DD_DEDUP_SHARED,
-	DD_DEDUP_LEADER,	/* in the in-flight table: store the data */
-	DD_DEDUP_FOLLOWER,	/* parked behind the leader of its content */
-};
-
 /*
- * Share a live block with the same content, or else become the write that
- * stores this content (or wait for the one that does). The last step, "no
- * candidate left, nobody storing it, so we store it", is one hold of
- * dc->index_lock, so two writers of new content never both store it.
+ * Share a live block with the same content (DD_DONE, b->error says how
+ * it went), or else become the write that stores this content (DD_STORE)
+ * or wait for the one that does (DD_PARKED).
  */
 static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 {
 	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX], pba[DD_HOLDERS];
 	unsigned int nr, i, nr_out = 0, nr_differ = 0;
-	struct dd_write_block *leader;
 	bool copy = false;
 	int r, n, j;
 
@@ -383,14 +398,9 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 		nr = copy ? 0 : dd_index_candidates(dc, b->fp, out, nr_out,
 						    cand, DD_CANDIDATES);
 		if (!nr) {
-			/* Never share a block before its data is written. */
-			leader = dd_inflight_find(dc, b->fp);
-			if (leader)
-				list_add_tail(&b->wait_entry, &leader->waiters);
-			else
-				dd_inflight_add(dc, b);
+			r = dd_lead_or_park(dc, b);
 			spin_unlock(&dc->index_lock);
-			return leader ? DD_DEDUP_FOLLOWER : DD_DEDUP_LEADER;
+			return r;
 		}
 		spin_unlock(&dc->index_lock);
 
@@ -412,7 +422,7 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 				if (r < 0)
 					return r;
 				if (r == DD_SHARED)
-					return DD_DEDUP_SHARED;
+					return DD_DONE;
 				if (r == DD_DIFFERENT &&
 				    ++nr_differ == DD_VERIFY_CANDIDATES)
 					r = DD_COPY;
@@ -448,11 +458,8 @@ static enum dd_decision dd_decide_block(struct dedup_c *dc, struct dd_write_bloc
 		r = dd_changed(dc, r, &freed);
 	} else {
 		r = dd_try_dedup(dc, b);
-		if (r == DD_DEDUP_FOLLOWER)
-			return DD_PARKED;
-		if (r == DD_DEDUP_LEADER)
-			return DD_STORE;
-		r = min(r, 0);
+		if (r == DD_STORE || r == DD_PARKED)
+			return r;
 	}
 	if (r)
 		dd_change_failed(dc, "write", r);
@@ -545,8 +552,11 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
  * up to DD_MAP_BATCH per trip through the index lock and the metadata
  * lock: with duplicate-heavy data (clones, VM images) that is most
  * blocks. Each share checks liveness and the fingerprint record itself,
- * as dd_share does. Anything else (zero blocks, new content, a candidate
- * that died, verify) is left DD_UNDECIDED for dd_decide_block.
+ * as dd_share does. Content the index does not know is decided in the
+ * same hold as its lookup (DD_STORE or DD_PARKED): looking it up again
+ * in dd_try_dedup would find nothing more, and unique data would pay for
+ * both lookups. Anything else (zero blocks, a candidate that died,
+ * verify) is left DD_UNDECIDED for dd_decide_block.
  */
 static noinline_for_stack void
 dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
@@ -560,7 +570,7 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 
 	lockdep_assert_held_read(&dc->lock);
 	memset(decision, DD_UNDECIDED, nr);
-	if (dc->verify)
+	if (dc->verify || READ_ONCE(dc->mode) != DD_MODE_RW)
 		return;
 	while (i < nr) {
 		if (i)
@@ -568,9 +578,13 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 		n = 0;
 		spin_lock(&dc->index_lock);
 		for (; i < nr && n < DD_MAP_BATCH; i++) {
-			if (blk[i].flags & DD_BLOCK_ZERO ||
-			    !dd_index_candidates(dc, blk[i].fp, NULL, 0, &cand, 1))
+			if (blk[i].flags & DD_BLOCK_ZERO)
 				continue;
+			if (!dd_index_candidates(dc, blk[i].fp, NULL, 0, &cand, 1)) {
+				/* New content: one lookup decides it. */
+				decision[i] = dd_lead_or_park(dc, &blk[i]);
+				continue;
+			}
 			d[n].lba = blk[i].lba;
 			d[n].leaf = cand;
 			d[n].fp = blk[i].fp;
@@ -601,16 +615,16 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 	down_read(&dc->lock);
 	dd_share_known(dc, blk, nr, decision);
 	for (i = 0; i < nr; i++) {
-		if (decision[i] != DD_UNDECIDED)
-			continue;
 		/*
 		 * Each block's decision stands on its own: a commit may come
 		 * between two blocks. Blocks waiting for their data's place
 		 * stay in the in-flight table across it, unmapped.
 		 */
-		if (i)
-			dd_let_commit_in(dc);
-		decision[i] = dd_decide_block(dc, &blk[i]);
+		if (decision[i] == DD_UNDECIDED) {
+			if (i)
+				dd_let_commit_in(dc);
+			decision[i] = dd_decide_block(dc, &blk[i]);
+		}
 		nr_store += decision[i] == DD_STORE;
 	}
 	if (nr_store)

@@ -14,7 +14,8 @@
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
 # boot (before and after a change), default "dm-dedup=$DEDUP_KO".
 # PROFILE_REPS=N first times N runs of each workload without perf (fresh
-# device each) and prints their median; PROFILE_PERF=0 skips the profiles.
+# device each, the modules in turn) and prints their medians;
+# PROFILE_PERF=0 skips the profiles.
 set -euo pipefail
 
 disk() { for b in /sys/block/*; do
@@ -44,31 +45,55 @@ fresh_device() {
     dmsetup create prof-dedup --table "0 $((2 * S)) dedup $META $DATA"
 }
 
-profile_module() { # profile_module LABEL WORKLOAD...
-    local label=$1 w; shift
-    for w in "$@"; do
-        case "$w" in
-            seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
-            seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
-            rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
-            rand50|rand90)
-                opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${w#rand}) ;;
-            *) echo "unknown workload $w" >&2; exit 2 ;;
-        esac
-        if [ "${PROFILE_REPS:-0}" -gt 0 ]; then
-            local i rates=()
-            for ((i = 0; i < PROFILE_REPS; i++)); do
+workload_opts() { # workload_opts WORKLOAD: sets opts
+    case "$1" in
+        seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
+        seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
+        rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
+        rand50|rand90)
+            opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${1#rand}) ;;
+        *) echo "unknown workload $1" >&2; exit 2 ;;
+    esac
+}
+
+load_module() { # load_module KO
+    [ -d /sys/module/dm_dedup ] && rmmod dm_dedup
+    insmod "$1"
+}
+
+# The timed runs go round the modules once per repetition (A B A B ...,
+# not A A B B), so that anything drifting during the boot (the host's
+# load, the disks' images growing) weighs on every module alike.
+time_modules() { # time_modules WORKLOAD...
+    local i spec label w mibs
+    for ((i = 0; i < PROFILE_REPS; i++)); do
+        for spec in $MODULES; do
+            label=${spec%%=*}
+            load_module "${spec#*=}"
+            for w in "$@"; do
+                workload_opts "$w"
                 fresh_device
                 fio_run "$OUT/$label-$w-rep$i.fio"
                 dmsetup remove --retry prof-dedup
                 read -r mibs _ < <(fio_write "$OUT/$label-$w-rep$i.fio")
-                rates+=("$mibs")
+                echo "$mibs" >>"$OUT/$label-$w.rates"
             done
+        done
+    done
+    for spec in $MODULES; do
+        label=${spec%%=*}
+        for w in "$@"; do
             printf 'median %s %s: %s MiB/s (runs: %s)\n' "$label" "$w" \
-                "$(printf '%s\n' "${rates[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" \
-                "${rates[*]}"
-        fi
-        [ "${PROFILE_PERF:-1}" = 1 ] || continue
+                "$(sort -n "$OUT/$label-$w.rates" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" \
+                "$(paste -sd' ' "$OUT/$label-$w.rates")"
+        done
+    done
+}
+
+profile_module() { # profile_module LABEL WORKLOAD...
+    local label=$1 w; shift
+    for w in "$@"; do
+        workload_opts "$w"
         fresh_device
         echo "=== $label, $w: fio ${opts[*]} --size=$BYTES under perf ==="
         fio_run "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
@@ -102,8 +127,11 @@ profile_module() { # profile_module LABEL WORKLOAD...
     done
 }
 
-for spec in ${PROFILE_MODULES:-dm-dedup=${DEDUP_KO:?}}; do
-    [ -d /sys/module/dm_dedup ] && rmmod dm_dedup
-    insmod "${spec#*=}"
+MODULES=${PROFILE_MODULES:-dm-dedup=${DEDUP_KO:?}}
+rm -f "$OUT"/*.rates
+if [ "${PROFILE_REPS:-0}" -gt 0 ]; then time_modules "$@"; fi
+[ "${PROFILE_PERF:-1}" = 1 ] || exit 0
+for spec in $MODULES; do
+    load_module "${spec#*=}"
     profile_module "${spec%%=*}" "$@"
 done
