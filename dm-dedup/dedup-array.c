@@ -6,6 +6,7 @@
 
 #include <linux/device-mapper.h>
 #include <linux/math64.h>
+#include <linux/unaligned.h>
 
 #include "dedup-array.h"
 
@@ -159,7 +160,7 @@ int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries)
 int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
 			  u64 *out, unsigned int max)
 {
-	u64 first = leaf_nr * a->per_leaf, b;
+	u64 first = leaf_nr * a->per_leaf, b, head = 0;
 	struct dd_block leaf;
 	const u8 *e;
 	u32 i, count;
@@ -175,9 +176,19 @@ int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
 	if (r)
 		return r;
 	e = dd_payload(&leaf);
-	for (i = 0; i < count && n < max; i++, e += a->entry_size)
+	/*
+	 * A write's candidate leaf is scanned whole: most records differ in
+	 * their first word, which is compared inline.
+	 */
+	if (a->entry_size >= sizeof(u64))
+		head = get_unaligned((const u64 *)value);
+	for (i = 0; i < count && n < max; i++, e += a->entry_size) {
+		if (a->entry_size >= sizeof(u64) &&
+		    get_unaligned((const u64 *)e) != head)
+			continue;
 		if (!memcmp(e, value, a->entry_size))
 			out[n++] = first + i;
+	}
 	dd_bm_release(&leaf);
 	return n;
 }

@@ -47,6 +47,8 @@ typedef unsigned long long __le64;
 #define le16_to_cpu(x) ((u16)(x))
 #define le32_to_cpu(x) ((u32)(x))
 #define le64_to_cpu(x) ((u64)(x))
+/* A load from any address, as the kernel's <linux/unaligned.h> has it. */
+#define get_unaligned(p) ({ __typeof__(+*(p)) v_; memcpy(&v_, (p), sizeof(v_)); v_; })
 
 #define GFP_KERNEL 0
 #define GFP_NOIO 0
