@@ -161,6 +161,7 @@ int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
 			  u64 *out, unsigned int max)
 {
 	u64 first = leaf_nr * a->per_leaf, b, head = 0;
+	bool by_head = a->entry_size >= sizeof(u64);
 	struct dd_block leaf;
 	const u8 *e;
 	u32 i, count;
@@ -180,11 +181,10 @@ int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
 	 * A write's candidate leaf is scanned whole: most records differ in
 	 * their first word, which is compared inline.
 	 */
-	if (a->entry_size >= sizeof(u64))
+	if (by_head)
 		head = get_unaligned((const u64 *)value);
 	for (i = 0; i < count && n < max; i++, e += a->entry_size) {
-		if (a->entry_size >= sizeof(u64) &&
-		    get_unaligned((const u64 *)e) != head)
+		if (by_head && get_unaligned((const u64 *)e) != head)
 			continue;
 		if (!memcmp(e, value, a->entry_size))
 			out[n++] = first + i;

@@ -306,12 +306,12 @@ bool dd_index_iter_next(const struct dd_index *idx, struct dd_index_iter *it,
  */
 bool dd_index_remove(struct dd_index *idx, const u8 *fp, u64 pba)
 {
+	u64 leaf = dd_index_leaf_of(pba), found;
 	struct dd_index_iter it;
-	u64 found;
 
 	dd_index_iter_init(idx, fp, &it);
 	while (dd_index_iter_next(idx, &it, &found)) {
-		if (found != dd_index_leaf_of(pba))
+		if (found != leaf)
 			continue;
 		dd_entry_set(idx, dd_iter_slot(&it), 0);
 		idx->nr_entries--;
