@@ -9,10 +9,13 @@
 # usage: profile.sh WORKLOAD...   (seq0: 1 MiB writes, unique data;
 #                                  seq100: 1 MiB writes, all duplicates;
 #                                  rand0, rand50, rand90: 4 KiB random writes,
-#                                  none, 50 or 90 % duplicates)
+#                                  none, 50 or 90 % duplicates;
+#                                  randread: 4 KiB random reads after a fill
+#                                  of PROFILE_BYTES with 1 MiB writes)
 # Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
-# boot (before and after a change), default "dm-dedup=$DEDUP_KO".
+# boot (before and after a change), default "dm-dedup=$DEDUP_KO"; the KO
+# "linear" stands for dm-linear over the data disk, the raw reference.
 # PROFILE_REPS=N first times N runs of each workload without perf (fresh
 # device each, the modules in turn) and prints their medians;
 # PROFILE_PERF=0 skips the profiles.
@@ -36,27 +39,51 @@ fio_run() { # fio_run OUTFILE [perf prefix...]; the workload is in opts
         "${opts[@]}" --output-format=terse --terse-version=3 >"$out" 2>&1
 }
 
-# The write bandwidth (MiB/s) and IOPS of a terse v3 fio output file.
-fio_write() { awk -F';' '/^3;/ {printf "%.1f %.0f\n", $48/1024, $49}' "$1"; }
+# The bandwidth (MiB/s) and IOPS of a terse v3 fio output file: of its
+# reads for a read workload, else of its writes.
+fio_rate() {
+    if [ "${opts[0]}" = --rw=randread ]; then
+        awk -F';' '/^3;/ {printf "%.1f %.0f\n", $7/1024, $8}' "$1"
+    else
+        awk -F';' '/^3;/ {printf "%.1f %.0f\n", $48/1024, $49}' "$1"
+    fi
+}
 
+# A fresh device of the loaded kind: dm-dedup, or dm-linear for "linear".
+# A read workload first fills what it reads (unique data, not measured).
 fresh_device() {
     blkdiscard "$DATA"; blkdiscard "$META"
     S=$(blockdev --getsz "$DATA")
-    dmsetup create prof-dedup --table "0 $((2 * S)) dedup $META $DATA"
+    if [ "$KIND" = linear ]; then
+        dmsetup create prof-dedup --table "0 $S linear $DATA 0"
+    else
+        dmsetup create prof-dedup --table "0 $((2 * S)) dedup $META $DATA"
+    fi
+    if [ -n "${fill[*]}" ]; then
+        fio --name=fill --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
+            --refill_buffers=1 --scramble_buffers=0 --randseed=77 --size="$BYTES" \
+            "${fill[@]}" --output-format=terse >/dev/null
+    fi
 }
 
-workload_opts() { # workload_opts WORKLOAD: sets opts
+workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
+    fill=()
     case "$1" in
         seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
         seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
         rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
         rand50|rand90)
             opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${1#rand}) ;;
+        randread)
+            opts=(--rw=randread --bs=4k --iodepth=32)
+            fill=(--rw=write --bs=1M --iodepth=4) ;;
         *) echo "unknown workload $1" >&2; exit 2 ;;
     esac
 }
 
-load_module() { # load_module KO
+load_module() { # load_module KO: sets KIND
+    KIND=dedup
+    if [ "$1" = linear ]; then KIND=linear; return; fi
     [ -d /sys/module/dm_dedup ] && rmmod dm_dedup
     insmod "$1"
 }
@@ -75,7 +102,7 @@ time_modules() { # time_modules WORKLOAD...
                 fresh_device
                 fio_run "$OUT/$label-$w-rep$i.fio"
                 dmsetup remove --retry prof-dedup
-                read -r mibs _ < <(fio_write "$OUT/$label-$w-rep$i.fio")
+                read -r mibs _ < <(fio_rate "$OUT/$label-$w-rep$i.fio")
                 echo "$mibs" >>"$OUT/$label-$w.rates"
             done
         done
@@ -97,8 +124,9 @@ profile_module() { # profile_module LABEL WORKLOAD...
         fresh_device
         echo "=== $label, $w: fio ${opts[*]} --size=$BYTES under perf ==="
         fio_run "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
-        fio_write "$OUT/$label-$w.fio" | awk '{printf "fio: write %s MiB/s, %s IOPS\n", $1, $2}'
-        dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
+        fio_rate "$OUT/$label-$w.fio" | awk '{printf "fio: %s MiB/s, %s IOPS\n", $1, $2}'
+        [ "$KIND" = linear ] ||
+            dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
         dmsetup remove --retry prof-dedup
         echo "--- where the CPU time went (self time, top symbols) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
@@ -110,6 +138,17 @@ profile_module() { # profile_module LABEL WORKLOAD...
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --children --sort sym --stdio -g none \
             2>/dev/null | grep -E 'dd_data_copy|dd_data_is_zero|dd_fingerprint_block' |
             sed 's/[[:space:]]*$//' || echo "(none sampled)"
+        echo "--- the target, dm core and dm-bufio (self time) ---"
+        perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
+            --percent-limit 0.1 2>/dev/null | grep -E '\] (dd_|dm_|__dm|bufio|cache_|__cache)' |
+            sed 's/[[:space:]]*$//' | head -n 40 || echo "(none sampled)"
+        # Each step of a bio with what it calls: where a write's time goes
+        # between submission, hashing, the decision, the mapping of new
+        # data and the completions.
+        echo "--- the steps of a bio (inclusive) ---"
+        perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --children --sort sym --stdio -g none \
+            2>/dev/null | grep -E '\] (dd_io_map|dd_write_start|dd_hash_work|dd_decide_and_act|dd_decide_write|dd_stored_work|dd_run_done_work|dd_decide_stored_runs|dd_run_endio|dd_submit_run|dd_map_read|dm_submit_bio|bio_endio|blk_mq_dispatch_rq_list|virtblk_done|schedule|process_one_work)$' |
+            sed 's/[[:space:]]*$//' || echo "(none sampled)"
         echo "--- by module ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort dso --stdio -g none \
             2>/dev/null | sed 's/[[:space:]]*$//' | head -n 12
@@ -118,8 +157,8 @@ profile_module() { # profile_module LABEL WORKLOAD...
         fresh_device
         echo "--- lock contention ($label, $w, second run) ---"
         fio_run "$OUT/$label-$w-lock.fio" perf lock record -q -a -o "$OUT/$label-$w-lock.data" --
-        fio_write "$OUT/$label-$w-lock.fio" |
-            awk '{printf "fio (lock run): write %s MiB/s, %s IOPS\n", $1, $2}'
+        fio_rate "$OUT/$label-$w-lock.fio" |
+            awk '{printf "fio (lock run): %s MiB/s, %s IOPS\n", $1, $2}'
         dmsetup remove --retry prof-dedup
         perf lock --kallsyms=/proc/kallsyms contention -i "$OUT/$label-$w-lock.data" \
             -k wait_total -E 12 2>&1 |
