@@ -513,6 +513,66 @@ static void dd_decide_test_stored_waits_for_flushing_commit(struct kunit *test)
 	KUNIT_EXPECT_TRUE(test, list_empty(&dc->flush_waiters));
 }
 
+/*
+ * Runs whose data writes completed together are decided in one call: a
+ * covered run is mapped, one that completed during a commit's data flush
+ * waits for it, and a failed one gives its block back without entering
+ * the index or the map. The runs done come first, in order.
+ */
+static void dd_decide_test_stored_runs(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 64);
+	atomic_t done = ATOMIC_INIT(0);
+	struct dd_test_write *tw[3], *again;
+	struct dd_write_block *runs[3];
+	struct dd_md_stats st;
+	u64 pba;
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		tw[i] = dd_test_new_write(test, dc, 10 + i, 21 + i, &done);
+		KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, tw[i]), DD_STORE);
+		tw[i]->b.run_next = NULL;
+		tw[i]->b.flush_ticket = dd_flush_ticket(dc);
+		runs[i] = &tw[i]->b;
+	}
+	dc->flush_seq = 1;		/* a commit's data flush began ... */
+	tw[1]->b.flush_ticket = dd_flush_ticket(dc);	/* ... before this */
+	tw[2]->b.error = -EIO;		/* and this data write failed */
+
+	KUNIT_EXPECT_EQ(test, dd_decide_stored_runs(dc, runs, 3), 2);
+	KUNIT_EXPECT_PTR_EQ(test, runs[0], &tw[0]->b);
+	KUNIT_EXPECT_PTR_EQ(test, runs[1], &tw[2]->b);
+	KUNIT_EXPECT_EQ(test, tw[0]->b.error, 0);
+	KUNIT_EXPECT_EQ(test, tw[2]->b.error, -EIO);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 10, &pba, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, tw[0]->b.pba);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 11, &pba, false), -ENODATA);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 12, &pba, false), -ENODATA);
+	KUNIT_EXPECT_PTR_EQ(test, dc->flush_waiters.next, &tw[1]->b.wait_entry);
+	st = dd_test_dc_stats(dc);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 1);
+	KUNIT_EXPECT_EQ(test, st.mapped, 1);
+
+	/* The mapped run's content is shared; the failed one's is new. */
+	again = dd_test_new_write(test, dc, 20, 21, &done);
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, again), DD_DONE);
+	KUNIT_EXPECT_EQ(test, again->r, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 20, &pba, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, tw[0]->b.pba);
+	again = dd_test_new_write(test, dc, 21, 23, &done);
+	KUNIT_EXPECT_EQ(test, dd_test_decide(dc, again), DD_STORE);
+	KUNIT_EXPECT_EQ(test, again->r, 0);
+
+	/* The waiting run is mapped once the commit is done. */
+	dc->committed_seq = 1;
+	list_del_init(&tw[1]->b.wait_entry);
+	KUNIT_EXPECT_TRUE(test, dd_decide_stored(dc, &tw[1]->b, 0));
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 11, &pba, false), 0);
+	KUNIT_EXPECT_EQ(test, pba, tw[1]->b.pba);
+	KUNIT_EXPECT_EQ(test, atomic_read(&done), 0);
+}
+
 static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_store_then_share),
 	KUNIT_CASE(dd_decide_test_follower),
@@ -524,6 +584,7 @@ static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_batch_shares_what_it_replaces),
 	KUNIT_CASE(dd_decide_test_concurrent_writers),
 	KUNIT_CASE(dd_decide_test_stored_waits_for_flushing_commit),
+	KUNIT_CASE(dd_decide_test_stored_runs),
 	{}
 };
 

@@ -633,45 +633,57 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 }
 
 /*
- * Map the blocks of a stored run from @b on, as many as one trip through
- * the metadata lock takes (up to DD_MAP_BATCH, or up to one that frees a
- * block); returns the first block not mapped yet.
+ * Map @blk[0..@nr), blocks of stored runs, as many per trip through the
+ * metadata lock as it takes (up to DD_MAP_BATCH, or up to one that frees
+ * a block); b->error says what became of each.
  */
-static struct dd_write_block *
-dd_mapped(struct dedup_c *dc, struct dd_write_block *b, struct dd_md_new *nb,
-	  struct dd_md_freed *freed)
+static void dd_map_stored(struct dedup_c *dc, struct dd_write_block **blk,
+			  unsigned int nr)
 {
-	struct dd_write_block *x;
-	unsigned int n = 0, done, i;
+	struct dd_md_new nb[DD_MAP_BATCH];
+	struct dd_md_freed freed;
+	struct dd_write_block *b;
+	unsigned int n, done, i;
 	int r, rb;
 
 	lockdep_assert_held_read(&dc->lock);
-	for (x = b; x && n < DD_MAP_BATCH; x = x->run_next, n++) {
-		nb[n].lba = x->lba;
-		nb[n].pba = x->pba;
-		nb[n].fp = x->fp;
-	}
-	r = dd_md_map_new_run(dc->md, nb, n, &done, freed);
-	for (i = 0; i < done; i++, b = b->run_next) {
-		rb = dd_changed(dc, i + 1 < done ? 0 : r, freed);
-		if (rb) {
-			dd_change_failed(dc, "mapping a new block", rb);
-			spin_lock(&dc->index_lock);
-			dd_index_remove(&dc->index, b->fp, b->pba);
-			spin_unlock(&dc->index_lock);
+	while (nr) {
+		n = min_t(unsigned int, nr, DD_MAP_BATCH);
+		for (i = 0; i < n; i++) {
+			nb[i].lba = blk[i]->lba;
+			nb[i].pba = blk[i]->pba;
+			nb[i].fp = blk[i]->fp;
 		}
-		b->error = rb;
+		r = dd_md_map_new_run(dc->md, nb, n, &done, &freed);
+		for (i = 0; i < done; i++) {
+			b = blk[i];
+			rb = dd_changed(dc, i + 1 < done ? 0 : r, &freed);
+			if (rb) {
+				dd_change_failed(dc, "mapping a new block", rb);
+				spin_lock(&dc->index_lock);
+				dd_index_remove(&dc->index, b->fp, b->pba);
+				spin_unlock(&dc->index_lock);
+			}
+			b->error = rb;
+		}
+		if (r >= 0)
+			dd_check_writeback(dc);
+		blk += done;
+		nr -= done;
 	}
-	if (r >= 0)
-		dd_check_writeback(dc);
-	return b;
 }
 
 /*
- * The data of a run of DD_STORE blocks (chained by run_next) was written,
- * or failed with @error: map each block, and only now let others share
- * it. b->error says what became of each. False: the run waits for the
- * commit under way, which runs its work again (dd_data_covered).
+ * The data of @nr runs of DD_STORE blocks (each chained by run_next) was
+ * written, or failed with the error in the run's first block: map each
+ * block, and only now let others share it. Runs done go to the front of
+ * @runs, in order, and their number is returned; b->error says what
+ * became of each block. The others wait for the commit under way, which
+ * queues their work again (dd_data_covered).
+ *
+ * All runs are decided in one hold of the transaction lock and of the
+ * index lock per step, and their blocks are mapped together: the runs
+ * that completed meanwhile share the trips through the metadata lock.
  *
  * A block enters the index before it is mapped, while it still leads its
  * content in the in-flight table: whoever finds it in that window finds
@@ -679,39 +691,57 @@ dd_mapped(struct dedup_c *dc, struct dd_write_block *b, struct dd_md_new *nb,
  * mapping instead, a write that freed the block in between would find
  * nothing to forget, and the entry would outlive the block.
  */
-bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
+unsigned int dd_decide_stored_runs(struct dedup_c *dc,
+				   struct dd_write_block **runs,
+				   unsigned int nr)
 {
-	struct dd_md_new nb[DD_MAP_BATCH];
-	struct dd_md_freed freed;
-	struct dd_write_block *b;
+	struct dd_write_block *todo[DD_STORED_BLOCKS], *run, *b;
+	unsigned int i, len, kept = 0, nr_todo = 0;
+	int error;
 
+	if (WARN_ON_ONCE(nr > DD_STORED_RUNS))
+		nr = DD_STORED_RUNS;
 	down_read(&dc->lock);
-	if (!error && READ_ONCE(dc->mode) != DD_MODE_RW)
-		error = -EIO;
-	if (!error && !dd_data_covered(dc, run)) {
-		up_read(&dc->lock);
-		return false;
-	}
-	if (error) {
+	for (i = 0; i < nr; i++) {
+		run = runs[i];
+		error = run->error;
+		if (!error && READ_ONCE(dc->mode) != DD_MODE_RW)
+			error = -EIO;
+		if (!error && !dd_data_covered(dc, run))
+			continue;
+		runs[kept++] = run;
+		len = dd_run_len(run);
+		/* The caller keeps to DD_STORED_BLOCKS; fail a run beyond. */
+		if (!error && WARN_ON_ONCE(nr_todo + len > DD_STORED_BLOCKS))
+			error = -EIO;
 		for (b = run; b; b = b->run_next) {
-			dd_md_free_data_now(dc->md, b->pba);
-			b->error = error;
+			if (error) {
+				dd_md_free_data_now(dc->md, b->pba);
+				b->error = error;
+			} else {
+				todo[nr_todo++] = b;
+			}
 		}
-		goto out;
 	}
 	spin_lock(&dc->index_lock);
-	for (b = run; b; b = b->run_next)
-		dd_index_add(dc, b->fp, b->pba);
+	for (i = 0; i < nr_todo; i++)
+		dd_index_add(dc, todo[i]->fp, todo[i]->pba);
 	spin_unlock(&dc->index_lock);
-	for (b = run; b; b = dd_mapped(dc, b, nb, &freed))
-		;
-out:
+	dd_map_stored(dc, todo, nr_todo);
 	spin_lock(&dc->index_lock);
-	for (b = run; b; b = b->run_next)
-		dd_inflight_del(dc, b);
+	for (i = 0; i < kept; i++)
+		for (b = runs[i]; b; b = b->run_next)
+			dd_inflight_del(dc, b);
 	spin_unlock(&dc->index_lock);
 	up_read(&dc->lock);
-	return true;
+	return kept;
+}
+
+/* One run, as dd_decide_stored_runs(); false: it waits for the commit. */
+bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
+{
+	run->error = error;
+	return dd_decide_stored_runs(dc, &run, 1) == 1;
 }
 
 /*

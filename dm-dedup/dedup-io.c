@@ -6,8 +6,10 @@
  * hashed without any lock, in chunks on an unbound workqueue so that
  * hashing spreads over all CPUs; dedup-decide.c then decides all its
  * blocks in one pass, mapping duplicates and handing back runs of
- * physical blocks for new data, written here one bio per run. Flushes and
- * FUA writes complete at the next commit (dedup-commit.c).
+ * physical blocks for new data, written here one bio per run. The runs
+ * whose data writes completed are mapped in batches by one work item per
+ * device. Flushes and FUA writes complete at the next commit
+ * (dedup-commit.c).
  */
 #define DM_MSG_PREFIX "dedup"
 
@@ -176,18 +178,58 @@ static void dd_block_done(struct dedup_c *dc, struct dd_write_block *b, int r)
 	dd_write_put(w);
 }
 
-/* A data bio of a run of new blocks completed: map them. */
-static void dd_run_done_work(struct work_struct *work)
+static void dd_run_finish(struct dedup_c *dc, struct dd_write_block *b)
 {
-	struct dd_write_block *b = container_of(work, struct dd_write_block, work), *next;
-	struct dedup_c *dc = b->w->dc;
+	struct dd_write_block *next;
 
-	if (!dd_decide_stored(dc, b, b->error))
-		return;
 	for (; b; b = next) {
 		next = b->run_next;
 		dd_block_done(dc, b, b->error);
 	}
+}
+
+/*
+ * The runs whose data write completed, mapped a batch at a time: one
+ * work item for all of them, not one per run, and the runs that complete
+ * while a batch is mapped share its trips through the locks. Only one
+ * instance of a work item runs at a time, so this is the one mapper of
+ * new data; an endio queues it again if it is running.
+ */
+static void dd_stored_work(struct work_struct *work)
+{
+	struct dedup_c *dc = container_of(work, struct dedup_c, stored_work);
+	struct llist_node *node = llist_reverse_order(llist_del_all(&dc->stored));
+	struct dd_write_block *runs[DD_STORED_RUNS];
+	unsigned int nr, blocks, len, done, i;
+
+	while (node) {
+		nr = 0;
+		blocks = 0;
+		while (node && nr < DD_STORED_RUNS) {
+			runs[nr] = llist_entry(node, struct dd_write_block,
+					       stored_node);
+			len = dd_run_len(runs[nr]);
+			if (nr && blocks + len > DD_STORED_BLOCKS)
+				break;
+			blocks += len;
+			nr++;
+			node = node->next;
+		}
+		done = dd_decide_stored_runs(dc, runs, nr);
+		for (i = 0; i < done; i++)
+			dd_run_finish(dc, runs[i]);
+		cond_resched();
+	}
+}
+
+/* A run that waited for a commit (dd_data_covered) is mapped again. */
+static void dd_run_done_work(struct work_struct *work)
+{
+	struct dd_write_block *b = container_of(work, struct dd_write_block, work);
+	struct dedup_c *dc = b->w->dc;
+
+	if (dd_decide_stored(dc, b, b->error))
+		dd_run_finish(dc, b);
 }
 
 static void dd_run_endio(struct bio *clone)
@@ -200,7 +242,8 @@ static void dd_run_endio(struct bio *clone)
 		atomic64_inc(&dc->data_write_errors);
 	run->flush_ticket = dd_flush_ticket(dc);
 	bio_put(clone);
-	queue_work(dc->wq, &run->work);
+	if (llist_add(&run->stored_node, &dc->stored))
+		queue_work(dc->wq, &dc->stored_work);
 }
 
 /*
@@ -429,6 +472,13 @@ static void dd_discard_work(struct work_struct *w)
 
 /* ------------------------------------------------------------------ */
 /* entry points */
+
+void dd_io_init(struct dedup_c *dc)
+{
+	dd_cells_init(&dc->cells);
+	init_llist_head(&dc->stored);
+	INIT_WORK(&dc->stored_work, dd_stored_work);
+}
 
 /*
  * Reads and writes map whole logical blocks. The queue limits (logical

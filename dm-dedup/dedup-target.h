@@ -50,6 +50,7 @@
 #include <linux/bio.h>
 #include <linux/device-mapper.h>
 #include <linux/hashtable.h>
+#include <linux/llist.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/workqueue.h>
@@ -128,6 +129,8 @@ struct dedup_c {
 
 	/* dedup-io.c */
 	struct dd_cells cells;		/* writes and discards in flight */
+	struct llist_head stored;	/* runs whose data write completed */
+	struct work_struct stored_work;	/* maps them, a batch at a time */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
@@ -167,7 +170,21 @@ struct dd_write_block {
 	struct list_head waiters;	/* same content, waiting for us */
 	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
 	struct dd_write_block *run_next;	/* next block in the same data bio */
+	struct llist_node stored_node;	/* a run's first block, on dc->stored */
 };
+
+/* Runs, and their blocks, that dd_decide_stored_runs() maps at once. */
+#define DD_STORED_RUNS		16
+#define DD_STORED_BLOCKS	(2 * DD_BIO_BLOCKS)
+
+static inline unsigned int dd_run_len(const struct dd_write_block *run)
+{
+	unsigned int n = 0;
+
+	for (; run; run = run->run_next)
+		n++;
+	return n;
+}
 
 /* A write bio cut into blocks (dedup-io.c). */
 struct dd_write {
@@ -217,6 +234,7 @@ static inline void dd_endio(struct bio *bio, blk_status_t status)
 }
 
 /* dedup-io.c */
+void dd_io_init(struct dedup_c *dc);
 int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
 
@@ -230,6 +248,9 @@ extern const char dd_index_walk_due[];
 void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s);
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision);
+unsigned int dd_decide_stored_runs(struct dedup_c *dc,
+				   struct dd_write_block **runs,
+				   unsigned int nr);
 bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error);
 int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end);
 

@@ -497,7 +497,7 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	dc->logical_blocks = ti->len / DD_SECTORS_PER_BLOCK;
 	dd_commit_init(dc);
 	dd_decide_init(dc);
-	dd_cells_init(&dc->cells);
+	dd_io_init(dc);
 
 	r = dd_parse_options(dc, &as, &hash, &ti->error);
 	if (r)
