@@ -6,14 +6,15 @@
  * hashed without any lock, in chunks on an unbound workqueue so that
  * hashing spreads over all CPUs; dedup-decide.c then decides all its
  * blocks in one pass, mapping duplicates and handing back runs of
- * physical blocks for new data, written here one bio per run. The runs
- * whose data writes completed are mapped in batches by one work item per
- * device. Flushes and FUA writes complete at the next commit
- * (dedup-commit.c).
+ * physical blocks for new data, written here one bio per run. One work
+ * item per device submits the runs of concurrent writes together, and
+ * one maps those whose data writes completed, each a batch at a time.
+ * Flushes and FUA writes complete at the next commit (dedup-commit.c).
  */
 #define DM_MSG_PREFIX "dedup"
 
 #include <linux/highmem.h>
+#include <linux/sort.h>
 
 #include "dedup-target.h"
 
@@ -207,7 +208,7 @@ static void dd_stored_work(struct work_struct *work)
 		blocks = 0;
 		while (node && nr < DD_STORED_RUNS) {
 			runs[nr] = llist_entry(node, struct dd_write_block,
-					       stored_node);
+					       run_node);
 			len = dd_run_len(runs[nr]);
 			if (nr && blocks + len > DD_STORED_BLOCKS)
 				break;
@@ -242,36 +243,33 @@ static void dd_run_endio(struct bio *clone)
 		atomic64_inc(&dc->data_write_errors);
 	run->flush_ticket = dd_flush_ticket(dc);
 	bio_put(clone);
-	if (llist_add(&run->stored_node, &dc->stored))
+	if (llist_add(&run->run_node, &dc->stored))
 		queue_work(dc->wq, &dc->stored_work);
 }
 
 /*
- * One data bio for the @nr blocks at @run, which have consecutive
- * physical blocks. It carries our copies, never the submitter's pages:
- * see dedup-data.h.
+ * One data bio for the blocks of @run, which have consecutive physical
+ * blocks. It carries our copies, never the submitter's pages: see
+ * dedup-data.h.
  */
-static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run,
-			  unsigned int nr)
+static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run)
 {
 	struct bio *bio = dd_bio(dd_write_io(run->w)), *clone;
-	unsigned int i;
+	struct dd_write_block *b;
 
 	/*
 	 * Durability comes from the commit, which flushes the data device.
 	 * Only hints are passed on: nobody polls this bio, and it is
 	 * submitted from a worker, so REQ_POLLED and REQ_NOWAIT do not apply.
 	 */
-	clone = bio_alloc_bioset(dc->data_dev->bdev, nr,
+	clone = bio_alloc_bioset(dc->data_dev->bdev, dd_run_len(run),
 				 REQ_OP_WRITE | (bio->bi_opf & DD_DATA_HINTS),
 				 GFP_NOIO, &dc->bs);
 	bio_clone_blkg_association(clone, bio);
 	clone->bi_ioprio = bio->bi_ioprio;
 	clone->bi_iter.bi_sector = run->pba * DD_SECTORS_PER_BLOCK;
-	for (i = 0; i < nr; i++) {
-		__bio_add_page(clone, run[i].data, DD_BLOCK_SIZE, 0);
-		run[i].run_next = i + 1 < nr ? &run[i + 1] : NULL;
-	}
+	for (b = run; b; b = b->run_next)
+		__bio_add_page(clone, b->data, DD_BLOCK_SIZE, 0);
 	run->error = 0;
 	INIT_WORK(&run->work, dd_run_done_work);
 	clone->bi_end_io = dd_run_endio;
@@ -279,11 +277,61 @@ static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run,
 	submit_bio_noacct(clone);
 }
 
+static int dd_run_cmp(const void *a, const void *b)
+{
+	const struct dd_write_block *x = *(const struct dd_write_block **)a;
+	const struct dd_write_block *y = *(const struct dd_write_block **)b;
+
+	return x->pba < y->pba ? -1 : x->pba > y->pba;
+}
+
 /*
- * What became of each block: finish those done, and write the data of the
- * new ones, one bio per run of blocks adjacent in the write with
- * consecutive physical blocks. Parked blocks are not touched: they may
- * already be running again elsewhere.
+ * The runs of new data, submitted a batch at a time under one plug and
+ * in the order of their physical blocks: the allocator gives the runs of
+ * concurrent writes consecutive physical blocks, so the block layer
+ * merges them and the data device gets one large write where it would
+ * have got many small ones (4 KiB each for random writes). A run's node
+ * is read before its bio goes out: on completion it joins dc->stored.
+ */
+static void dd_write_runs_work(struct work_struct *work)
+{
+	struct dedup_c *dc = container_of(work, struct dedup_c, write_work);
+	struct llist_node *node = llist_del_all(&dc->to_write);
+	struct dd_write_block *runs[DD_STORED_RUNS];
+	struct blk_plug plug;
+	unsigned int nr, i;
+
+	while (node) {
+		for (nr = 0; node && nr < DD_STORED_RUNS; nr++) {
+			runs[nr] = llist_entry(node, struct dd_write_block,
+					       run_node);
+			node = node->next;
+		}
+		sort(runs, nr, sizeof(runs[0]), dd_run_cmp, NULL);
+		blk_start_plug(&plug);
+		for (i = 0; i < nr; i++)
+			dd_submit_run(dc, runs[i]);
+		blk_finish_plug(&plug);
+	}
+}
+
+/* The @nr blocks at @run have consecutive physical blocks: one data bio. */
+static void dd_queue_run(struct dedup_c *dc, struct dd_write_block *run,
+			 unsigned int nr)
+{
+	unsigned int i;
+
+	for (i = 0; i < nr; i++)
+		run[i].run_next = i + 1 < nr ? &run[i + 1] : NULL;
+	if (llist_add(&run->run_node, &dc->to_write))
+		queue_work(dc->wq, &dc->write_work);
+}
+
+/*
+ * What became of each block: finish those done, and queue the data of
+ * the new ones for writing, one bio per run of blocks adjacent in the
+ * write with consecutive physical blocks. Parked blocks are not touched:
+ * they may already be running again elsewhere.
  */
 static void dd_act(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 		   const u8 *decision)
@@ -298,7 +346,7 @@ static void dd_act(struct dedup_c *dc, struct dd_write_block *blk, unsigned int 
 			while (i + n < nr && decision[i + n] == DD_STORE &&
 			       blk[i + n].pba == blk[i].pba + n)
 				n++;
-			dd_submit_run(dc, &blk[i], n);
+			dd_queue_run(dc, &blk[i], n);
 		}
 	}
 }
@@ -476,6 +524,8 @@ static void dd_discard_work(struct work_struct *w)
 void dd_io_init(struct dedup_c *dc)
 {
 	dd_cells_init(&dc->cells);
+	init_llist_head(&dc->to_write);
+	INIT_WORK(&dc->write_work, dd_write_runs_work);
 	init_llist_head(&dc->stored);
 	INIT_WORK(&dc->stored_work, dd_stored_work);
 }

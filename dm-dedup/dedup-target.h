@@ -129,6 +129,8 @@ struct dedup_c {
 
 	/* dedup-io.c */
 	struct dd_cells cells;		/* writes and discards in flight */
+	struct llist_head to_write;	/* runs waiting for their data bio */
+	struct work_struct write_work;	/* submits them, a batch at a time */
 	struct llist_head stored;	/* runs whose data write completed */
 	struct work_struct stored_work;	/* maps them, a batch at a time */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
@@ -170,7 +172,8 @@ struct dd_write_block {
 	struct list_head waiters;	/* same content, waiting for us */
 	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
 	struct dd_write_block *run_next;	/* next block in the same data bio */
-	struct llist_node stored_node;	/* a run's first block, on dc->stored */
+	/* a run's first block: on dc->to_write, then on dc->stored */
+	struct llist_node run_node;
 };
 
 /* Runs, and their blocks, that dd_decide_stored_runs() maps at once. */
