@@ -337,12 +337,13 @@ def data_opts(dup_percent, seed):
 
 
 def disk_io(dev):
-    """Bytes written, bytes discarded and flush requests of a whole disk
-    since boot (/sys/block/<disk>/stat: what reached the disk, after the
-    block layer merged or split the stack's bios)."""
+    """Bytes written, bytes discarded, flush requests and write requests
+    of a whole disk since boot (/sys/block/<disk>/stat: what reached the
+    disk, after the block layer merged or split the stack's bios)."""
     with open("/sys/block/%s/stat" % os.path.basename(os.path.realpath(dev))) as f:
         v = [int(x) for x in f.read().split()]
-    return {"written": v[6] * 512, "discarded": v[13] * 512, "flushes": v[15]}
+    return {"written": v[6] * 512, "discarded": v[13] * 512, "flushes": v[15],
+            "writes": v[4]}
 
 
 def io_snapshot(data, meta):
@@ -363,7 +364,7 @@ def record_amplification(workload, param, stack, user_bytes, before, after):
     """Bytes each disk received per byte the workload wrote."""
     row = {"workload": workload, "param": param, "stack": stack, "user_bytes": user_bytes}
     for d in ("data", "meta"):
-        for k in ("written", "discarded", "flushes"):
+        for k in ("written", "discarded", "flushes", "writes"):
             row["%s_%s" % (d, k)] = after[d][k] - before[d][k]
         row["%s_per_user_byte" % d] = round(row["%s_written" % d] / user_bytes, 4)
     RESULTS.setdefault("write_amp", []).append(row)

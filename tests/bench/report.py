@@ -14,6 +14,8 @@ import argparse
 import json
 import os
 
+MIB = 1 << 20
+
 STACK_ORDER = ["raw", "thin", "vdo", "before", "dedup"]
 STACK_LABEL = {"raw": "raw (dm-linear)", "thin": "dm-thin", "vdo": "dm-vdo",
                "dedup": "dm-dedup"}
@@ -507,6 +509,23 @@ def main():
         doc.append(rst_table(["workload"] + ["%s: data / meta (flushes)" % STACK_LABEL[st]
                                              for st in stacks], rows))
         doc.append("")
+        # Runs written older than this table have no request counts.
+        if any("data_writes" in r for r in res["write_amp"]):
+            doc.append("Data write requests\n~~~~~~~~~~~~~~~~~~~\n")
+            doc.append("Write requests the data disk completed per MiB the workload wrote, "
+                       "from the same counters: 256 is one request per 4 KiB block; fewer "
+                       "means the block layer merged the stack's bios, or the stack wrote "
+                       "larger ones (or less data: a duplicate writes none).\n")
+            rows = []
+            for w, p in keys:
+                row = ["%s %s" % (w, p)]
+                for st in stacks:
+                    r = amp.get((w, p, st))
+                    row.append("%.1f" % (r["data_writes"] * MIB / r["user_bytes"])
+                               if r and "data_writes" in r else "-")
+                rows.append(row)
+            doc.append(rst_table(["workload"] + [STACK_LABEL[st] for st in stacks], rows))
+            doc.append("")
 
     if res.get("memory"):
         doc.append("Kernel memory\n-------------\n")
