@@ -9,6 +9,7 @@
 #include <linux/unaligned.h>
 
 #include "dedup-metadata.h"
+#include "dedup-reserve.h"
 #include "dedup-test-util.h"
 
 /* Byte offsets in the superblock, from Documentation/dedup-format.rst. */
@@ -1068,6 +1069,43 @@ static void dd_md_test_runs(struct kunit *test)
 }
 
 /*
+ * A few blocks come from this CPU's reservation, which the allocator
+ * fills a run at a time: the reserved blocks count as free, a large run
+ * is taken around them, and the device is full only once they are gone.
+ */
+static void dd_md_test_reserve(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 256, 2 * DD_RESERVE_RUN);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 first = U64_MAX, len = 0, left = 0, pba = 0;
+
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 2 * DD_RESERVE_RUN - 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 1);
+	/* A large run is not taken from the reservation but beside it. */
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, DD_RESERVE_RUN, &first,
+						   &len, &left), 0);
+	KUNIT_EXPECT_EQ(test, first, DD_RESERVE_RUN);
+	KUNIT_EXPECT_EQ(test, len, DD_RESERVE_RUN);
+	KUNIT_EXPECT_EQ(test, left, DD_RESERVE_RUN - 2);
+	/* Nothing else is free: the next one drains the reservation. */
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, DD_RESERVE_RUN, &first,
+						   &len, &left), 0);
+	KUNIT_EXPECT_EQ(test, first, 2);
+	KUNIT_EXPECT_EQ(test, len, DD_RESERVE_RUN - 2);
+	KUNIT_EXPECT_EQ(test, left, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 2 * DD_RESERVE_RUN);
+	/* A block given back is handed out again, and counted once. */
+	dd_md_free_data_now(md, 5);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 1);
+	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 5);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 0);
+}
+
+/*
  * A run of new blocks mapped in one call stops after the first that frees
  * a block, reporting it; the caller goes on from there.
  */
@@ -2076,6 +2114,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_duplicate_dead),
 	KUNIT_CASE(dd_md_test_alloc_data),
 	KUNIT_CASE(dd_md_test_runs),
+	KUNIT_CASE(dd_md_test_reserve),
 	KUNIT_CASE(dd_md_test_map_new_run),
 	KUNIT_CASE(dd_md_test_unmap_range),
 	KUNIT_CASE(dd_md_test_unmap_max_freed),

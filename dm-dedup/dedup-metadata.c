@@ -5,6 +5,7 @@
  */
 #define DM_MSG_PREFIX "dedup"
 
+#include <linux/atomic.h>
 #include <linux/device-mapper.h>
 #include <linux/lockdep.h>
 #include <linux/mutex.h>
@@ -17,6 +18,7 @@
 #include "dedup-array.h"
 #include "dedup-journal.h"
 #include "dedup-metadata.h"
+#include "dedup-reserve.h"
 #include "dedup-saved.h"
 
 /*
@@ -25,7 +27,9 @@
  * target's transaction lock (dedup-target.h) and outside dm-bufio's.
  * md->data_lock guards md->data alone, so that handing out a block for new
  * data needs no trip through md->lock; it nests inside md->lock, and so
- * does the journal's lock (dedup-journal.h). The only
+ * does the journal's lock (dedup-journal.h). Most new blocks do not take
+ * md->data_lock either: they come from the per-CPU runs of md->reserve,
+ * whose locks nest inside it (dedup-reserve.h). The only
  * call out under these locks is a commit's dd_reusable_fn, which must not
  * call back into this unit; dd_md_release_held calls it under neither.
  * bm stays first: tools/kernel-compat's crash reaches the dm-bufio client
@@ -39,6 +43,14 @@ struct dd_metadata {
 	struct dd_array refcount;	/* __le32 */
 	struct dd_array fingerprint;	/* u8[DD_FP_SIZE] */
 	struct dd_space data;		/* physical blocks taken; data_lock */
+	struct dd_reserve reserve;	/* taken in data, counted as free */
+	/*
+	 * Free data blocks as the device reports them: those of data, and
+	 * those reserved. Changed under data_lock, but for blocks a writer
+	 * takes from a reservation, so that the count a writer gets back
+	 * is exact without that lock.
+	 */
+	atomic64_t data_free;
 	struct dd_md_config cfg;
 	struct dd_superblock sb;	/* last committed, identity fields */
 
@@ -816,6 +828,8 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	if (!r)
 		r = dd_space_init(&md->data, cfg->data_blocks, 0);
 	if (!r)
+		r = dd_reserve_init(&md->reserve);
+	if (!r)
 		r = dd_space_cool_frees(&md->data);
 	if (!r && cfg->hold_frees)
 		r = dd_space_hold_frees(&md->data);
@@ -908,6 +922,8 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		if (r)
 			goto bad;
 	}
+	/* Nothing is reserved before the first write. */
+	atomic64_set(&md->data_free, dd_space_free_blocks(&md->data));
 	/* Both point into the caller's open only. */
 	md->cfg.saved = NULL;
 	md->cfg.saved_ok = NULL;
@@ -925,6 +941,7 @@ void dd_md_close(struct dd_metadata *md)
 	xa_destroy(&md->overlay);
 	if (md->bm)
 		dd_bm_destroy(md->bm);
+	dd_reserve_exit(&md->reserve);
 	dd_space_exit(&md->data);
 	kfree(md->leaf_buf);
 	kfree(md);
@@ -1117,6 +1134,54 @@ int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left)
 	return dd_md_alloc_data_run(md, 1, pba, &len, free_left);
 }
 
+/*
+ * Blocks that became free in md->data since it had @before free ones
+ * count as free on the device too. A reservation's fill and drain move
+ * blocks between md->data and md->reserve and change nothing here.
+ */
+static void dd_data_gained(struct dd_metadata *md, u64 before)
+{
+	lockdep_assert_held(&md->data_lock);
+	atomic64_add(dd_space_free_blocks(&md->data) - before, &md->data_free);
+}
+
+/* Every CPU's reserved blocks go back to md->data. */
+static void dd_reserve_return(struct dd_metadata *md)
+{
+	u64 first, len;
+
+	lockdep_assert_held(&md->data_lock);
+	while (dd_reserve_drain(&md->reserve, &first, &len))
+		for (; len; len--)
+			dd_space_free_now(&md->data, first++);
+}
+
+/*
+ * A few blocks, from a fresh run of md->data: those beyond @want become
+ * this CPU's reservation. -ENOSPC when md->data has no free block.
+ */
+static int dd_reserve_refill(struct dd_metadata *md, u64 want, u64 *first,
+			     u64 *len)
+{
+	u64 b, n;
+	int r;
+
+	lockdep_assert_held(&md->data_lock);
+	/* Another writer on this CPU may have refilled it meanwhile. */
+	*len = dd_reserve_take(&md->reserve, want, first);
+	if (*len)
+		return 0;
+	r = dd_space_alloc_run(&md->data, DD_RESERVE_RUN, &b, &n);
+	if (r)
+		return r;
+	*first = b;
+	*len = min(want, n);
+	if (n > *len && !dd_reserve_fill(&md->reserve, b + *len, n - *len))
+		for (b += *len; b < *first + n; b++)
+			dd_space_free_now(&md->data, b);
+	return 0;
+}
+
 int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 			 u64 *len, u64 *free_left)
 {
@@ -1125,20 +1190,41 @@ int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 	/* Set by an abort under md->lock: a block handed out late is freed. */
 	if (READ_ONCE(md->read_only))
 		return -EROFS;
+	if (!want)
+		return -ENOSPC;
+	if (want <= DD_RESERVE_MAX_WANT) {
+		*len = dd_reserve_take(&md->reserve, want, first);
+		if (*len)
+			goto taken;
+	}
 	mutex_lock(&md->data_lock);
-	r = dd_space_alloc_run(&md->data, want, first, len);
+	if (want <= DD_RESERVE_MAX_WANT)
+		r = dd_reserve_refill(md, want, first, len);
+	else
+		r = dd_space_alloc_run(&md->data, want, first, len);
+	if (r == -ENOSPC) {
+		/* Full only if no CPU holds a free block back. */
+		dd_reserve_return(md);
+		r = dd_space_alloc_run(&md->data, want, first, len);
+	}
 	if (r == -ENOSPC && dd_space_frees_to_come(&md->data))
 		r = -EAGAIN;
-	else if (!r)
-		*free_left = dd_space_free_blocks(&md->data);
 	mutex_unlock(&md->data_lock);
-	return r;
+	if (r)
+		return r;
+taken:
+	*free_left = atomic64_sub_return(*len, &md->data_free);
+	return 0;
 }
 
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba)
 {
+	u64 before;
+
 	mutex_lock(&md->data_lock);
+	before = dd_space_free_blocks(&md->data);
 	dd_space_free_now(&md->data, pba);
+	dd_data_gained(md, before);
 	mutex_unlock(&md->data_lock);
 }
 
@@ -1542,6 +1628,7 @@ static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 
 int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 {
+	u64 before;
 	int r = 0;
 
 	down_write(&md->lock);
@@ -1558,7 +1645,9 @@ int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 	md->dirty = false;
 	dd_space_commit(&md->bm->space, NULL, NULL);
 	mutex_lock(&md->data_lock);
+	before = dd_space_free_blocks(&md->data);
 	dd_space_commit(&md->data, reusable, ctx);
+	dd_data_gained(md, before);
 	mutex_unlock(&md->data_lock);
 out:
 	up_write(&md->lock);
@@ -1619,7 +1708,7 @@ bool dd_md_checkpoint_due(struct dd_metadata *md)
 void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
 			void *ctx)
 {
-	u64 begin = 0, end;
+	u64 begin = 0, end, before;
 	bool found;
 
 	for (;;) {
@@ -1631,7 +1720,9 @@ void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
 		if (reusable)
 			reusable(ctx, begin, end);
 		mutex_lock(&md->data_lock);
+		before = dd_space_free_blocks(&md->data);
 		dd_space_release_held(&md->data, begin, end);
+		dd_data_gained(md, before);
 		mutex_unlock(&md->data_lock);
 		begin = end;
 		cond_resched();
@@ -1728,6 +1819,8 @@ int dd_md_save(struct dd_metadata *md, const struct dd_md_saved *saved)
 	if (md->bm->txn > DD_MAX_TXN)
 		goto out;
 	mutex_lock(&md->data_lock);
+	/* The save describes the blocks in use, not those held for writers. */
+	dd_reserve_return(md);
 	r = dd_saved_write(md->bm, &md->data, saved, md->leaf_buf, &root,
 			   &words);
 	mutex_unlock(&md->data_lock);
@@ -1763,7 +1856,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->metadata_used = md->bm->space.nr_used;
 	st->metadata_total = md->bm->nr_blocks;
 	mutex_lock(&md->data_lock);
-	st->data_used = md->data.nr_used;
+	st->data_used = md->data.nr_blocks - atomic64_read(&md->data_free);
 	st->data_total = md->data.nr_blocks;
 	st->data_space_bytes = dd_space_bytes(&md->data);
 	st->pending_free = dd_space_frees_to_come(&md->data);
@@ -1789,12 +1882,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 
 u64 dd_md_free_data_blocks(struct dd_metadata *md)
 {
-	u64 n;
-
-	mutex_lock(&md->data_lock);
-	n = dd_space_free_blocks(&md->data);
-	mutex_unlock(&md->data_lock);
-	return n;
+	return atomic64_read(&md->data_free);
 }
 
 u64 dd_md_data_reusable_at_commit(struct dd_metadata *md)

@@ -145,7 +145,8 @@ int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
 
 /*
  * A free data block for new content. 0: *pba is allocated and *free_left is
- * the number of free data blocks left. -ENOSPC: none free. -EAGAIN: none free
+ * the number of free data blocks left, those reserved for writers on other
+ * CPUs included (dedup-reserve.h). -ENOSPC: none free. -EAGAIN: none free
  * now, but freed blocks come back at the next commit or the one after it
  * (see dedup-space.h). -EROFS when read-only.
  */

@@ -11,6 +11,8 @@
  *   dc->lock           rwsem    dedup-commit.c      the transaction
  *   md->lock           rwsem    dedup-metadata.c    the metadata
  *   md->data_lock      mutex    dedup-metadata.c    the data allocator
+ *   run->lock          spinlock dedup-reserve.c     one CPU's reserved data
+ *                                                   blocks
  *   j->lock            mutex    dedup-journal.c     the journal's records and
  *                                                   ring position
  *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
@@ -22,11 +24,12 @@
  * the metadata holds it shared, and a commit holds it exclusive, so the
  * transaction a commit writes holds only whole steps. md->lock and
  * md->data_lock are taken inside each metadata verb and never held across
- * verbs; dm-bufio's client lock nests inside md->lock. dc->index_lock
- * is held for index and in-flight table operations only, never across
- * I/O or a metadata verb. dc->cells.lock is taken with none of the others
- * held, and only queues work under it. Each function that relies on a lock asserts how
- * it must be held.
+ * verbs; dm-bufio's client lock nests inside md->lock. A CPU's run->lock
+ * is held only to take, fill or drain its run, with no lock taken inside.
+ * dc->index_lock is held for index and in-flight table operations only,
+ * never across I/O or a metadata verb. dc->cells.lock is taken with none
+ * of the others held, and only queues work under it. Each function that
+ * relies on a lock asserts how it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
  * unit that must decide a block of a write again (it waited for its twin

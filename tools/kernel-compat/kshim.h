@@ -121,6 +121,22 @@ struct mutex { int unused; };
 #define mutex_init(m) ((void)(m))
 #define mutex_lock(m) ((void)(m))
 #define mutex_unlock(m) ((void)(m))
+typedef struct { int unused; } spinlock_t;
+#define spin_lock_init(l) ((void)(l))
+#define spin_lock(l) ((void)(l))
+#define spin_unlock(l) ((void)(l))
+typedef struct { s64 counter; } atomic64_t;
+#define atomic64_set(a, v) ((a)->counter = (v))
+#define atomic64_read(a) ((a)->counter)
+#define atomic64_add(v, a) ((void)((a)->counter += (v)))
+#define atomic64_sub_return(v, a) ((a)->counter -= (v))
+/* One CPU: a per-CPU variable is one object. */
+#define __percpu
+#define alloc_percpu(type) ((type *)calloc(1, sizeof(type)))
+#define free_percpu(p) free(p)
+#define raw_cpu_ptr(p) (p)
+#define per_cpu_ptr(p, cpu) ((void)(cpu), (p))
+#define for_each_possible_cpu(cpu) for ((cpu) = 0; (cpu) < 1; (cpu)++)
 #define WRITE_ONCE(x, v) ((x) = (v))
 static inline bool __test_and_set_bit(u64 nr, unsigned long *a)
 {

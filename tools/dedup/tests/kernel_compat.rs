@@ -1,9 +1,9 @@
 //! Cross-checks with the kernel's own metadata code.
 //!
 //! tools/kernel-compat builds dm-dedup's dedup-metadata.c,
-//! dedup-journal.c, dedup-saved.c, dedup-array.c, dedup-block.c and
-//! dedup-space.c (unchanged, from ../dm-dedup) in userspace over a small
-//! stand-in for dm-bufio. These tests then check that:
+//! dedup-journal.c, dedup-saved.c, dedup-array.c, dedup-block.c,
+//! dedup-space.c and dedup-reserve.c (unchanged, from ../dm-dedup) in
+//! userspace over a small stand-in for dm-bufio. These tests then check that:
 //! - the kernel's dd_format() and `dedup format` write identical bytes
 //!   (given the kernel's random journal id), and refuse the same devices;
 //! - what the kernel writes through many transactions (new, duplicate and
@@ -70,6 +70,7 @@ fn harness() -> Option<&'static Path> {
             "dedup-block.c",
             "dedup-array.c",
             "dedup-space.c",
+            "dedup-reserve.c",
             "dedup-metadata.c",
             "dedup-journal.c",
             "dedup-saved.c",

@@ -1,0 +1,2 @@
+/* Userspace stand-in, see ../kshim.h. */
+#include "../kshim.h"
