@@ -2,6 +2,7 @@
 the low_water_mark event."""
 
 import errno
+import multiprocessing
 import time
 
 import ddlib
@@ -95,3 +96,91 @@ def test_low_water_mark_event(make_dedup, seed):
         time.sleep(0.2)
     assert d.events() > ev0, "no dm event when free blocks reached low_water_mark"
     verify_blocks(d.path, exp)
+
+
+STRIDE = 2048      # LBAs between two writers' ranges
+
+
+def _fill_worker(path, seed, first_id, lbas, out):
+    """One writer: unique blocks at @lbas in order, until a write fails."""
+    done, err = [], None
+    with BlockDev(path) as bd:
+        for i, lba in enumerate(lbas):
+            try:
+                bd.write(lba, block_data(seed, first_id + i))
+            except OSError as e:
+                err = e.errno
+                break
+            done.append((lba, first_id + i))
+    out.put((done, err))
+
+
+def fill_concurrently(d, seed, first_id, writers, lbas_each, base=0):
+    """@writers processes write unique blocks at once, writer w to LBAs
+    base + w * STRIDE + [0, lbas_each), until each gets an error. Returns
+    the expected map and the errors."""
+    out = multiprocessing.Queue()
+    procs = [multiprocessing.Process(
+        target=_fill_worker,
+        args=(d.path, seed, first_id + w * lbas_each,
+              range(base + w * STRIDE, base + w * STRIDE + lbas_each), out))
+        for w in range(writers)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0, "writer exited with %r" % p.exitcode
+    exp = {lba: block_data(seed, i) for done, _ in results for lba, i in done}
+    return exp, [err for _, err in results]
+
+
+def test_full_device_concurrent_writers(make_dedup, seed):
+    """Writers on both CPUs fill the data device to its last block: a CPU's
+    reserved run of free blocks (dedup-reserve.c) is given back before any
+    write gets ENOSPC, and the reservations are counted as free, never as
+    used, in the status and across a clean remove and create."""
+    d = make_dedup(meta_mib=8, data_mib=4, logical_mib=32)
+    total = d.status()["data_total"]
+    assert total == 1024 and d.nblocks == 4 * STRIDE
+    writers = 4
+    # Each writer tries one more block than there are: all must see ENOSPC.
+    exp, errs = fill_concurrently(d, seed, 0, writers, total + 1)
+    assert errs == [errno.ENOSPC] * writers, errs
+    assert len(exp) == total, \
+        "%d of %d data blocks written before ENOSPC" % (len(exp), total)
+    st = d.status()
+    assert (st["data_used"], st["mapped"]) == (total, total), st
+
+    # Free 100 blocks, let the commits make them reusable, fill again at once.
+    freed = sorted(exp)[:100]
+    for lba in freed:
+        ddlib.discard(d.path, lba, 1)
+        del exp[lba]
+    d.commit()
+    d.commit()
+    assert d.status()["data_used"] == total - 100
+    more, errs = fill_concurrently(d, seed, 10**6, writers, 101, base=1100)
+    assert errs == [errno.ENOSPC] * writers, errs
+    assert set(more).isdisjoint(exp)
+    exp.update(more)
+    assert len(more) == 100, "%d of 100 freed blocks written again" % len(more)
+    assert d.status()["data_used"] == total
+
+    # Free some again and write a few from one writer, so that runs are
+    # reserved when the device is removed: the clean close saves the
+    # blocks in use only, and the next activation finds them.
+    for lba in sorted(exp)[:64]:
+        ddlib.discard(d.path, lba, 1)
+        del exp[lba]
+    d.commit()
+    d.commit()
+    more, errs = fill_concurrently(d, seed, 2 * 10**6, 1, 8, base=1300)
+    assert errs == [None], errs
+    exp.update(more)
+    used = d.status()["data_used"]
+    assert used == total - 64 + 8, used
+    d.remove()
+    d.activate()
+    assert d.status()["data_used"] == used
+    verify_blocks(d.path, exp, nblocks=d.nblocks)
