@@ -31,14 +31,11 @@ static blk_status_t dd_errno_to_status(int r)
 }
 
 /*
- * A write, discard or write zeroes is done with @r: the next change to
- * its blocks may go ahead.
+ * A write, discard or write zeroes is done with @r, and the next change
+ * to its blocks may go ahead (the caller left its cell).
  */
-static void dd_complete_change(struct dedup_c *dc, struct dd_io *io, int r)
+static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r)
 {
-	struct bio *bio = dd_bio(io);
-
-	dd_cell_leave(&dc->cells, &io->cell);
 	if (r == -EROFS)
 		r = -EIO;
 	if (!r && (bio->bi_opf & REQ_FUA)) {
@@ -141,23 +138,20 @@ static int dd_map_read(struct dedup_c *dc, struct dd_io *io)
 #define DD_DATA_HINTS		(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
 				 REQ_BACKGROUND)
 
-static struct dd_io *dd_write_io(struct dd_write *w)
-{
-	return container_of(w, struct dd_io, write);
-}
-
 /* Every block of the write is done: complete the bio. */
 static void dd_write_done(struct dd_write *w)
 {
-	struct dd_io *io = dd_write_io(w);
 	struct dedup_c *dc = w->dc;
+	struct bio *bio = w->bio;
 	int r = READ_ONCE(w->error);
 
 	if (w->pooled)
 		mempool_free(w->blk, &dc->batch_pool);
-	else if (w->blk != &io->one)
+	else if (w->blk != &w->one)
 		kfree(w->blk);
-	dd_complete_change(dc, io, r);
+	dd_cell_leave(&dc->cells, &w->cell);
+	mempool_free(w, &dc->write_pool);
+	dd_complete_change(dc, bio, r);
 }
 
 /* A reference on the write's blocks: they stay until the last is put. */
@@ -254,7 +248,7 @@ static void dd_run_endio(struct bio *clone)
  */
 static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run)
 {
-	struct bio *bio = dd_bio(dd_write_io(run->w)), *clone;
+	struct bio *bio = run->w->bio, *clone;
 	struct dd_write_block *b;
 
 	/*
@@ -415,11 +409,18 @@ static void dd_write_decide(struct dd_write *w)
 
 static void dd_write_turn_work(struct work_struct *work)
 {
-	dd_write_decide(&container_of(work, struct dd_io, work)->write);
+	dd_write_decide(container_of(work, struct dd_write, work));
 }
 
 /* An earlier change to the same blocks left: see dedup-cell.h. */
-static void dd_turn_ready(struct dd_cell *cell)
+static void dd_write_turn_ready(struct dd_cell *cell)
+{
+	struct dd_write *w = container_of(cell, struct dd_write, cell);
+
+	queue_work(w->dc->wq, &w->work);
+}
+
+static void dd_discard_turn_ready(struct dd_cell *cell)
 {
 	struct dd_io *io = container_of(cell, struct dd_io, cell);
 
@@ -448,7 +449,7 @@ static void dd_hash_work(struct work_struct *work)
 		}
 	}
 	if (atomic_dec_and_test(&w->hashing) &&
-	    dd_cell_arm(&dc->cells, &dd_write_io(w)->cell))
+	    dd_cell_arm(&dc->cells, &w->cell))
 		dd_write_decide(w);
 }
 
@@ -458,21 +459,21 @@ static void dd_hash_work(struct work_struct *work)
  * a dedup-io worker never waits for one while completions queue behind
  * it. Hashing and the decision run on the workqueue.
  */
-static void dd_write_start(struct dedup_c *dc, struct dd_io *io)
+static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 {
-	struct bio *bio = dd_bio(io);
-	struct dd_write *w = &io->write;
+	struct dd_write *w = mempool_alloc(&dc->write_pool, GFP_NOIO);
 	unsigned int nr = bio_sectors(bio) / DD_SECTORS_PER_BLOCK, i;
 	struct page **pages;
 	struct dd_write_block *b;
 
 	w->dc = dc;
+	w->bio = bio;
 	w->nr = nr;
 	w->error = 0;
 	w->pooled = false;
 	if (nr == 1) {
-		w->blk = &io->one;
-		pages = &io->one_page;
+		w->blk = &w->one;
+		pages = &w->one_page;
 	} else {
 		/* A batch's page pointers follow its blocks. */
 		w->blk = kmalloc(nr * DD_BATCH_BYTES,
@@ -484,16 +485,15 @@ static void dd_write_start(struct dedup_c *dc, struct dd_io *io)
 		pages = (struct page **)(w->blk + nr);
 	}
 	dd_data_copy(&dc->data_pool, bio, pages, nr);
-	INIT_WORK(&io->work, dd_write_turn_work);
-	dd_cell_enter(&dc->cells, &io->cell, io->lba, io->lba + nr,
-		      dd_turn_ready);
+	INIT_WORK(&w->work, dd_write_turn_work);
+	dd_cell_enter(&dc->cells, &w->cell, lba, lba + nr, dd_write_turn_ready);
 	/* One more than the blocks: the decision's, see dd_decide_and_act. */
 	atomic_set(&w->pending, nr + 1);
 	atomic_set(&w->hashing, DIV_ROUND_UP(nr, DD_HASH_CHUNK));
 	for (i = 0; i < nr; i++) {
 		b = &w->blk[i];
 		b->w = w;
-		b->lba = io->lba + i;
+		b->lba = lba + i;
 		b->data = pages[i];
 		b->flags = 0;
 		b->error = 0;
@@ -514,8 +514,10 @@ static void dd_discard_work(struct work_struct *w)
 	struct dedup_c *dc = io->dc;
 	struct bio *bio = dd_bio(io);
 	u64 n = bio_sectors(bio) / DD_SECTORS_PER_BLOCK;
+	int r = dd_decide_unmap(dc, io->lba, io->lba + n);
 
-	dd_complete_change(dc, io, dd_decide_unmap(dc, io->lba, io->lba + n));
+	dd_cell_leave(&dc->cells, &io->cell);
+	dd_complete_change(dc, bio, r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -575,7 +577,7 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 	case REQ_OP_WRITE:
 		if (!dd_bio_is_whole_blocks(dc, bio))
 			return DM_MAPIO_KILL;
-		dd_write_start(dc, io);
+		dd_write_start(dc, bio, io->lba);
 		return DM_MAPIO_SUBMITTED;
 	case REQ_OP_DISCARD:
 	case REQ_OP_WRITE_ZEROES:
@@ -587,7 +589,7 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 		INIT_WORK(&io->work, dd_discard_work);
 		dd_cell_enter(&dc->cells, &io->cell, io->lba,
 			      io->lba + bio_sectors(bio) / DD_SECTORS_PER_BLOCK,
-			      dd_turn_ready);
+			      dd_discard_turn_ready);
 		if (dd_cell_arm(&dc->cells, &io->cell))
 			queue_work(dc->wq, &io->work);
 		return DM_MAPIO_SUBMITTED;

@@ -136,6 +136,7 @@ struct dedup_c {
 	struct work_struct write_work;	/* submits them, a batch at a time */
 	struct llist_head stored;	/* runs whose data write completed */
 	struct work_struct stored_work;	/* maps them, a batch at a time */
+	mempool_t write_pool;		/* struct dd_write */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
@@ -192,15 +193,24 @@ static inline unsigned int dd_run_len(const struct dd_write_block *run)
 	return n;
 }
 
-/* A write bio cut into blocks (dedup-io.c). */
+/*
+ * A write bio cut into blocks (dedup-io.c), from dc->write_pool: it lives
+ * from the bio's map until its last block is done, outside the bio's
+ * per-bio data.
+ */
 struct dd_write {
 	struct dedup_c *dc;
+	struct bio *bio;
+	struct work_struct work;	/* its decision, after waiting its turn */
+	struct dd_cell cell;		/* its turn: see dedup-cell.h */
 	struct dd_write_block *blk;		/* nr of them: one inline, or a batch */
 	unsigned int nr;
 	atomic_t hashing;		/* chunks of blocks still being hashed */
 	atomic_t pending;		/* blocks not yet done */
 	int error;			/* the first block's error that failed */
 	bool pooled;			/* blk came from dc->batch_pool */
+	struct dd_write_block one;	/* a one-block write needs no batch */
+	struct page *one_page;
 };
 
 /* Per block of a batch: the block, then (after all blocks) its page. */
@@ -213,14 +223,10 @@ enum dd_io_flags {
 /* Per-bio state, in the space dm reserves for the target. */
 struct dd_io {
 	struct dedup_c *dc;
-	/* a read, a discard, or a write's decision after waiting its turn */
-	struct work_struct work;
+	struct work_struct work;	/* a read's or a discard's */
 	u64 lba;
 	unsigned int flags;
-	struct dd_cell cell;		/* a write's or a discard's turn */
-	struct dd_write write;
-	struct dd_write_block one;		/* a one-block write needs no batch */
-	struct page *one_page;
+	struct dd_cell cell;		/* a discard's turn */
 };
 
 static inline struct bio *dd_bio(struct dd_io *io)

@@ -26,6 +26,8 @@
 #define DD_DATA_RESERVE			256
 /* Block arrays of multi-block writes kept in reserve (see DD_DATA_RESERVE). */
 #define DD_BATCH_RESERVE		4
+/* Writes in flight whose state is kept in reserve, as the data blocks. */
+#define DD_WRITE_RESERVE		64
 
 /*
  * Every constructed dedup target, so that a table reload of the same
@@ -326,6 +328,7 @@ static void dd_destroy(struct dedup_c *dc)
 	dd_hasher_exit(&dc->hasher);
 	dd_data_pool_exit(&dc->data_pool);
 	mempool_exit(&dc->batch_pool);
+	mempool_exit(&dc->write_pool);
 	bioset_exit(&dc->bs);
 	if (dc->data_dev)
 		dm_put_device(dc->ti, dc->data_dev);
@@ -524,8 +527,11 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		ti->error = "Cannot allocate the reserve of data block copies";
 		goto bad;
 	}
-	r = mempool_init_kmalloc_pool(&dc->batch_pool, DD_BATCH_RESERVE,
-				      DD_BIO_BLOCKS * DD_BATCH_BYTES);
+	r = mempool_init_kmalloc_pool(&dc->write_pool, DD_WRITE_RESERVE,
+				      sizeof(struct dd_write));
+	if (!r)
+		r = mempool_init_kmalloc_pool(&dc->batch_pool, DD_BATCH_RESERVE,
+					      DD_BIO_BLOCKS * DD_BATCH_BYTES);
 	if (r) {
 		ti->error = "Cannot allocate the reserve of write batches";
 		goto bad;
