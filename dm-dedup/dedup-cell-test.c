@@ -154,12 +154,50 @@ static void dd_cell_test_chain_on_one_block(struct kunit *test)
 	KUNIT_EXPECT_TRUE(test, dd_cells_empty(&cells));
 }
 
+/*
+ * A read of blocks a change is writing waits behind it, and only then:
+ * it enters nothing when nothing overlaps, and a later change of its
+ * block waits for the read in turn.
+ */
+static void dd_cell_test_read_behind_write(struct kunit *test)
+{
+	struct dd_test_change w[2], rd, late;
+	struct dd_cells cells;
+
+	dd_cells_init(&cells);
+	dd_test_turn = 0;
+	dd_test_enter(&cells, &w[0], 10, 20);
+	KUNIT_EXPECT_TRUE(test, dd_test_arm(&cells, &w[0]));
+	KUNIT_EXPECT_FALSE(test, dd_cells_busy(&cells, 0, 10));
+	KUNIT_EXPECT_TRUE(test, dd_cells_busy(&cells, 19, 21));
+	rd.went = 0;
+	KUNIT_EXPECT_FALSE(test, dd_cell_enter_behind(&cells, &rd.cell, 20, 21,
+						      dd_test_ready));
+	KUNIT_EXPECT_TRUE(test, dd_cell_enter_behind(&cells, &rd.cell, 15, 16,
+						     dd_test_ready));
+	dd_test_enter(&cells, &late, 15, 16);
+	KUNIT_EXPECT_FALSE(test, dd_test_arm(&cells, &late));
+	/* A change elsewhere neither waits for the read nor frees it. */
+	dd_test_enter(&cells, &w[1], 30, 31);
+	KUNIT_EXPECT_TRUE(test, dd_test_arm(&cells, &w[1]));
+	dd_cell_leave(&cells, &w[1].cell);
+	KUNIT_EXPECT_EQ(test, rd.went, 0);
+	dd_cell_leave(&cells, &w[0].cell);
+	KUNIT_EXPECT_EQ(test, rd.went, 3);
+	KUNIT_EXPECT_EQ(test, late.went, 0);
+	dd_cell_leave(&cells, &rd.cell);
+	KUNIT_EXPECT_EQ(test, late.went, 4);
+	dd_cell_leave(&cells, &late.cell);
+	KUNIT_EXPECT_TRUE(test, dd_cells_empty(&cells));
+}
+
 static struct kunit_case dd_cell_cases[] = {
 	KUNIT_CASE(dd_cell_test_disjoint_go_at_once),
 	KUNIT_CASE(dd_cell_test_overlap_in_entry_order),
 	KUNIT_CASE(dd_cell_test_turn_before_arm),
 	KUNIT_CASE(dd_cell_test_early_leave_spares_earlier),
 	KUNIT_CASE(dd_cell_test_chain_on_one_block),
+	KUNIT_CASE(dd_cell_test_read_behind_write),
 	{}
 };
 

@@ -49,6 +49,38 @@ void dd_cell_enter(struct dd_cells *cells, struct dd_cell *cell, u64 begin,
 }
 
 /*
+ * For a reader of logical blocks [@begin, @end), ready at once: if a
+ * change to one of them is in flight, enter behind the overlapping ones
+ * and return true; @ready is called when the last of them leaves. False:
+ * nothing overlaps, and nothing was entered.
+ */
+bool dd_cell_enter_behind(struct dd_cells *cells, struct dd_cell *cell,
+			  u64 begin, u64 end, dd_cell_ready_fn ready)
+{
+	struct dd_cell *c;
+	unsigned long flags;
+	bool behind;
+
+	cell->first = begin;
+	cell->last = end - 1;
+	cell->ready = ready;
+	cell->gate = 0;
+	spin_lock_irqsave(&cells->lock, flags);
+	for (c = dd_cell_tree_iter_first(&cells->tree, cell->first, cell->last);
+	     c; c = dd_cell_tree_iter_next(c, cell->first, cell->last))
+		cell->gate++;
+	/* Once in the tree, the cell is its ready function's. */
+	behind = cell->gate;
+	if (behind) {
+		cell->seq = cells->next_seq++;
+		cells->waits++;
+		dd_cell_tree_insert(cell, &cells->tree);
+	}
+	spin_unlock_irqrestore(&cells->lock, flags);
+	return behind;
+}
+
+/*
  * The owner is ready to go ahead. True: go now; false: the cell's ready
  * function runs when the last earlier overlapping change leaves.
  */
@@ -81,6 +113,18 @@ void dd_cell_leave(struct dd_cells *cells, struct dd_cell *cell)
 			c->ready(c);
 	}
 	spin_unlock_irqrestore(&cells->lock, flags);
+}
+
+/* Is a change to one of logical blocks [@begin, @end) in flight? */
+bool dd_cells_busy(struct dd_cells *cells, u64 begin, u64 end)
+{
+	unsigned long flags;
+	bool busy;
+
+	spin_lock_irqsave(&cells->lock, flags);
+	busy = dd_cell_tree_iter_first(&cells->tree, begin, end - 1);
+	spin_unlock_irqrestore(&cells->lock, flags);
+	return busy;
 }
 
 bool dd_cells_empty(struct dd_cells *cells)

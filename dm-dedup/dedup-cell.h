@@ -49,7 +49,10 @@ void dd_cells_init(struct dd_cells *cells);
 void dd_cell_enter(struct dd_cells *cells, struct dd_cell *cell, u64 begin,
 		   u64 end, dd_cell_ready_fn ready);
 bool dd_cell_arm(struct dd_cells *cells, struct dd_cell *cell);
+bool dd_cell_enter_behind(struct dd_cells *cells, struct dd_cell *cell,
+			  u64 begin, u64 end, dd_cell_ready_fn ready);
 void dd_cell_leave(struct dd_cells *cells, struct dd_cell *cell);
+bool dd_cells_busy(struct dd_cells *cells, u64 begin, u64 end);
 bool dd_cells_empty(struct dd_cells *cells);
 
 #endif

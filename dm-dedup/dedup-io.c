@@ -10,9 +10,13 @@
  * item per device submits the runs of concurrent writes together, and
  * one maps those whose data writes completed, each a batch at a time.
  * Flushes and FUA writes complete at the next commit (dedup-commit.c).
+ * With early_ack, a write is acknowledged once decided: see "writes
+ * acknowledged early" below.
  */
 #define DM_MSG_PREFIX "dedup"
 
+#include <linux/blk-cgroup.h>
+#include <linux/cgroup.h>
 #include <linux/highmem.h>
 #include <linux/sort.h>
 
@@ -88,8 +92,44 @@ static void dd_read_work(struct work_struct *w)
 	r = dd_md_lookup(dc->md, io->lba, &pba, false);
 	r = dd_read_run(dc, io, r, pba);
 	up_read(&dc->lock);
+	/* Mapped, or the block read: a later write may go ahead. */
+	if (io->flags & DD_IO_READ_BEHIND)
+		dd_cell_leave(&dc->cells, &io->cell);
 	if (r == DM_MAPIO_REMAPPED)
 		dm_submit_bio_remap(dd_bio(io), NULL);
+}
+
+static void dd_io_turn_ready(struct dd_cell *cell)
+{
+	struct dd_io *io = container_of(cell, struct dd_io, cell);
+
+	queue_work(io->dc->wq, &io->work);
+}
+
+/*
+ * A write acknowledged early may not be mapped yet: a read of its blocks
+ * waits for it, one block at a time (dm core sends the rest of the bio
+ * again). Only while such writes are in flight; without them a read that
+ * races a write may return either content, as on any disk.
+ */
+static bool dd_read_behind_write(struct dedup_c *dc, struct dd_io *io)
+{
+	struct bio *bio = dd_bio(io);
+	unsigned int nr = bio_sectors(bio) / DD_SECTORS_PER_BLOCK;
+
+	if (likely(!READ_ONCE(dc->acked_blocks)))
+		return false;
+	if (!dd_cells_busy(&dc->cells, io->lba, io->lba + nr))
+		return false;
+	/* Before the cell is entered: its ready function owns the bio. */
+	if (nr > 1)
+		dm_accept_partial_bio(bio, DD_SECTORS_PER_BLOCK);
+	INIT_WORK(&io->work, dd_read_work);
+	if (!dd_cell_enter_behind(&dc->cells, &io->cell, io->lba, io->lba + 1,
+				  dd_io_turn_ready))
+		return false;	/* the write to this block left meanwhile */
+	io->flags |= DD_IO_READ_BEHIND;
+	return true;
 }
 
 /*
@@ -104,6 +144,8 @@ static int dd_map_read(struct dedup_c *dc, struct dd_io *io)
 	u64 pba = 0, nr = 1;
 	int r = -EWOULDBLOCK;
 
+	if (dd_read_behind_write(dc, io))
+		return DM_MAPIO_SUBMITTED;
 	if (down_read_trylock(&dc->lock)) {
 		r = dd_md_lookup_run(dc->md, io->lba,
 				     bio_sectors(bio) / DD_SECTORS_PER_BLOCK,
@@ -138,20 +180,29 @@ static int dd_map_read(struct dedup_c *dc, struct dd_io *io)
 #define DD_DATA_HINTS		(REQ_SYNC | REQ_META | REQ_PRIO | REQ_IDLE | \
 				 REQ_BACKGROUND)
 
+static void dd_acked_done(struct dedup_c *dc, unsigned int nr, int r);
+
 /* Every block of the write is done: complete the bio. */
 static void dd_write_done(struct dd_write *w)
 {
 	struct dedup_c *dc = w->dc;
 	struct bio *bio = w->bio;
+	unsigned int nr = w->nr;
 	int r = READ_ONCE(w->error);
 
 	if (w->pooled)
 		mempool_free(w->blk, &dc->batch_pool);
 	else if (w->blk != &w->one)
 		kfree(w->blk);
+	/* Mapped: a read or a later change of its blocks may go ahead. */
 	dd_cell_leave(&dc->cells, &w->cell);
+	if (w->css)
+		css_put(w->css);
 	mempool_free(w, &dc->write_pool);
-	dd_complete_change(dc, bio, r);
+	if (bio)
+		dd_complete_change(dc, bio, r);
+	else
+		dd_acked_done(dc, nr, r);
 }
 
 /* A reference on the write's blocks: they stay until the last is put. */
@@ -248,19 +299,23 @@ static void dd_run_endio(struct bio *clone)
  */
 static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run)
 {
-	struct bio *bio = run->w->bio, *clone;
+	struct dd_write *w = run->w;
 	struct dd_write_block *b;
+	struct bio *clone;
 
 	/*
 	 * Durability comes from the commit, which flushes the data device.
 	 * Only hints are passed on: nobody polls this bio, and it is
 	 * submitted from a worker, so REQ_POLLED and REQ_NOWAIT do not apply.
+	 * A write acknowledged early has no bio any more, only its cgroup.
 	 */
 	clone = bio_alloc_bioset(dc->data_dev->bdev, dd_run_len(run),
-				 REQ_OP_WRITE | (bio->bi_opf & DD_DATA_HINTS),
-				 GFP_NOIO, &dc->bs);
-	bio_clone_blkg_association(clone, bio);
-	clone->bi_ioprio = bio->bi_ioprio;
+				 REQ_OP_WRITE | w->hints, GFP_NOIO, &dc->bs);
+	if (w->bio)
+		bio_clone_blkg_association(clone, w->bio);
+	else if (w->css)
+		bio_associate_blkg_from_css(clone, w->css);
+	clone->bi_ioprio = w->ioprio;
 	clone->bi_iter.bi_sector = run->pba * DD_SECTORS_PER_BLOCK;
 	for (b = run; b; b = b->run_next)
 		__bio_add_page(clone, b->data, DD_BLOCK_SIZE, 0);
@@ -345,15 +400,148 @@ static void dd_act(struct dedup_c *dc, struct dd_write_block *blk, unsigned int 
 	}
 }
 
+/* ------------------------------------------------------------------ */
+/* writes acknowledged early */
+
+/*
+ * Blocks of writes acknowledged early and not done yet, at most (4 MiB):
+ * beyond, a write completes when it is done, and holds its submitter.
+ */
+#define DD_ACK_MAX_BLOCKS	1024
+
+/*
+ * With early_ack, a write whose blocks are all decided (each shared, or
+ * given a physical block for its data) is acknowledged before its data
+ * is written and mapped, as a disk with a volatile write cache does.
+ * What keeps that within the guarantees of dm-dedup.rst:
+ * - it keeps its cell until it is done, so a later write or discard of
+ *   its blocks still comes after it, and a read of them waits for it
+ *   (dd_read_behind_write);
+ * - a flush waits until every write acknowledged before it is done, and
+ *   no write is acknowledged early while a flush waits, so flushes do not
+ *   starve; the flush then appends (or commits) as always;
+ * - a write that fails once acknowledged (its data write, or its
+ *   mapping) fails the next flush; its blocks keep their old content;
+ * - a FUA write is never acknowledged early, nor a write with a block
+ *   that failed or waits (behind its twin, or for freed blocks);
+ * - suspend and destruction wait for them all (dd_io_drain).
+ */
+static void dd_ack_early(struct dedup_c *dc, struct dd_write *w,
+			 const u8 *decision)
+{
+	struct bio *bio = w->bio;
+	unsigned int i;
+	bool ok;
+
+	if (!dc->early_ack || (bio->bi_opf & REQ_FUA))
+		return;
+	for (i = 0; i < w->nr; i++)
+		if (decision[i] == DD_PARKED ||
+		    (decision[i] == DD_DONE && w->blk[i].error))
+			return;
+	spin_lock(&dc->ack_lock);
+	ok = bio_list_empty(&dc->acked_flushes) &&
+	     dc->acked_blocks + w->nr <= DD_ACK_MAX_BLOCKS;
+	if (ok)
+		WRITE_ONCE(dc->acked_blocks, dc->acked_blocks + w->nr);
+	spin_unlock(&dc->ack_lock);
+	if (!ok)
+		return;
+	w->css = bio_blkcg_css(bio);
+	if (w->css)
+		css_get(w->css);
+	w->bio = NULL;
+	atomic64_inc(&dc->early_acks);
+	bio_endio(bio);
+}
+
+/* Flushes that waited for acknowledged writes go on, or fail with @r. */
+static void dd_release_flushes(struct dedup_c *dc, struct bio_list *flushes,
+			       int r)
+{
+	struct bio *bio;
+
+	while ((bio = bio_list_pop(flushes))) {
+		if (r)
+			dd_endio(bio, BLK_STS_IOERR);
+		else
+			dd_defer_to_commit(dc, bio);
+	}
+}
+
+/* The @nr blocks of a write acknowledged early are done, with @r. */
+static void dd_acked_done(struct dedup_c *dc, unsigned int nr, int r)
+{
+	struct bio_list flushes;
+	int first = 0;
+	bool none;
+
+	if (r)
+		DMERR_LIMIT("%s: write acknowledged early failed: %d; the next flush fails",
+			    dd_name(dc), r);
+	bio_list_init(&flushes);
+	spin_lock(&dc->ack_lock);
+	if (r && !dc->acked_error)
+		dc->acked_error = r;
+	WRITE_ONCE(dc->acked_blocks, dc->acked_blocks - nr);
+	none = !dc->acked_blocks;
+	if (none) {
+		bio_list_merge(&flushes, &dc->acked_flushes);
+		bio_list_init(&dc->acked_flushes);
+		if (!bio_list_empty(&flushes)) {
+			first = dc->acked_error;
+			dc->acked_error = 0;
+		}
+	}
+	spin_unlock(&dc->ack_lock);
+	if (none)
+		wake_up_all(&dc->acked_wait);
+	dd_release_flushes(dc, &flushes, first);
+}
+
+/*
+ * A flush covers the writes acknowledged before it: it waits for those
+ * acknowledged early, and fails if one of them failed since the last
+ * flush.
+ */
+static void dd_flush_after_acked(struct dedup_c *dc, struct bio *bio)
+{
+	struct bio_list flushes;
+	int first;
+
+	bio_list_init(&flushes);
+	spin_lock(&dc->ack_lock);
+	if (dc->acked_blocks) {
+		bio_list_add(&dc->acked_flushes, bio);
+		spin_unlock(&dc->ack_lock);
+		return;
+	}
+	first = dc->acked_error;
+	dc->acked_error = 0;
+	spin_unlock(&dc->ack_lock);
+	bio_list_add(&flushes, bio);
+	dd_release_flushes(dc, &flushes, first);
+}
+
+/*
+ * Every write acknowledged early is done. For suspend: dm core waits for
+ * the bios it mapped, and these are no longer in flight for it.
+ */
+void dd_io_drain(struct dedup_c *dc)
+{
+	wait_event(dc->acked_wait, !READ_ONCE(dc->acked_blocks));
+}
+
 static void dd_retry_work(struct work_struct *work);
 
 /*
- * Decide @nr blocks of one write and act on it. The caller holds a
+ * Decide @nr blocks of one write and act on it: all its blocks at first
+ * (@whole), then one at a time if any is parked. The caller holds a
  * reference on the write's blocks, put here, so that blocks finishing on
  * other CPUs meanwhile cannot free them under us.
  */
 static void dd_decide_and_act(struct dedup_c *dc, struct dd_write_block *blk,
-			      unsigned int nr)
+			      unsigned int nr, bool whole)
 {
 	u8 decision[DD_BIO_BLOCKS];
 	struct dd_write *w = blk->w;
@@ -363,6 +551,9 @@ static void dd_decide_and_act(struct dedup_c *dc, struct dd_write_block *blk,
 	for (i = 0; i < nr; i++)
 		INIT_WORK(&blk[i].work, dd_retry_work);
 	dd_decide_write(dc, blk, nr, decision);
+	/* Before the data bios go out, which may complete the write. */
+	if (whole)
+		dd_ack_early(dc, w, decision);
 	dd_act(dc, blk, nr, decision);
 	dd_write_put(w);
 }
@@ -373,7 +564,7 @@ static void dd_retry_work(struct work_struct *work)
 	struct dd_write_block *b = container_of(work, struct dd_write_block, work);
 
 	atomic_inc(&b->w->pending);
-	dd_decide_and_act(b->w->dc, b, 1);
+	dd_decide_and_act(b->w->dc, b, 1, false);
 }
 
 /* Zero test or fingerprint, on our copy. */
@@ -399,7 +590,7 @@ static void dd_write_decide(struct dd_write *w)
 	unsigned int i;
 
 	if (!READ_ONCE(w->error)) {
-		dd_decide_and_act(dc, w->blk, w->nr);
+		dd_decide_and_act(dc, w->blk, w->nr, true);
 		return;
 	}
 	for (i = 0; i < w->nr; i++)
@@ -468,6 +659,9 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 
 	w->dc = dc;
 	w->bio = bio;
+	w->hints = bio->bi_opf & DD_DATA_HINTS;
+	w->ioprio = bio->bi_ioprio;
+	w->css = NULL;
 	w->nr = nr;
 	w->error = 0;
 	w->pooled = false;
@@ -525,6 +719,9 @@ static void dd_discard_work(struct work_struct *w)
 
 void dd_io_init(struct dedup_c *dc)
 {
+	spin_lock_init(&dc->ack_lock);
+	bio_list_init(&dc->acked_flushes);
+	init_waitqueue_head(&dc->acked_wait);
 	dd_cells_init(&dc->cells);
 	init_llist_head(&dc->to_write);
 	INIT_WORK(&dc->write_work, dd_write_runs_work);
@@ -563,7 +760,7 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio)
 
 	if (bio->bi_opf & REQ_PREFLUSH) {
 		/* dm core hands us flushes without data. */
-		dd_defer_to_commit(dc, bio);
+		dd_flush_after_acked(dc, bio);
 		return DM_MAPIO_SUBMITTED;
 	}
 

@@ -93,6 +93,7 @@ struct dedup_c {
 	u64 low_water_mark;
 	bool verify;
 	bool discard_passdown;
+	bool early_ack;		/* writes acknowledged once decided */
 	bool read_only;
 	bool index_loaded;	/* at activation, from a clean close's save */
 	u64 activation_ms;	/* opening the metadata and the index */
@@ -140,6 +141,13 @@ struct dedup_c {
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
+	/* writes acknowledged before they are done (early_ack) */
+	spinlock_t ack_lock;		/* protects the three below */
+	unsigned int acked_blocks;	/* their blocks; read without the lock */
+	struct bio_list acked_flushes;	/* flushes waiting for them */
+	int acked_error;		/* the first that failed since a flush */
+	wait_queue_head_t acked_wait;	/* acked_blocks went to 0 */
+	atomic64_t early_acks;
 };
 
 /* Blocks a write or read bio carries at most (dm core splits the rest). */
@@ -200,7 +208,10 @@ static inline unsigned int dd_run_len(const struct dd_write_block *run)
  */
 struct dd_write {
 	struct dedup_c *dc;
-	struct bio *bio;
+	struct bio *bio;		/* NULL once acknowledged early */
+	blk_opf_t hints;		/* what its data bios keep of its flags */
+	unsigned short ioprio;
+	struct cgroup_subsys_state *css;	/* its cgroup once acknowledged */
 	struct work_struct work;	/* its decision, after waiting its turn */
 	struct dd_cell cell;		/* its turn: see dedup-cell.h */
 	struct dd_write_block *blk;		/* nr of them: one inline, or a batch */
@@ -218,6 +229,7 @@ struct dd_write {
 
 enum dd_io_flags {
 	DD_IO_READ_TRACKED = 1 << 0,
+	DD_IO_READ_BEHIND = 1 << 1,	/* waited in a cell for a write */
 };
 
 /* Per-bio state, in the space dm reserves for the target. */
@@ -226,7 +238,7 @@ struct dd_io {
 	struct work_struct work;	/* a read's or a discard's */
 	u64 lba;
 	unsigned int flags;
-	struct dd_cell cell;		/* a discard's turn */
+	struct dd_cell cell;		/* a discard's turn, or a read's */
 };
 
 static inline struct bio *dd_bio(struct dd_io *io)
@@ -249,6 +261,7 @@ static inline void dd_endio(struct bio *bio, blk_status_t status)
 void dd_io_init(struct dedup_c *dc);
 int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
+void dd_io_drain(struct dedup_c *dc);
 
 /* dedup-decide.c */
 void dd_decide_init(struct dedup_c *dc);

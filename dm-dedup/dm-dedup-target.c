@@ -86,7 +86,7 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			  dc->verify +
 			  2 * (dc->commit_interval != DD_DEFAULT_COMMIT_INTERVAL) +
 			  dc->discard_passdown + 2 * !!dc->low_water_mark +
-			  dc->read_only;
+			  dc->early_ack + dc->read_only;
 		DMEMIT("%s %s", dc->meta_dev->name, dc->data_dev->name);
 		if (nr_opts)
 			DMEMIT(" %u", nr_opts);
@@ -100,6 +100,8 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			DMEMIT(" discard_passdown");
 		if (dc->low_water_mark)
 			DMEMIT(" low_water_mark %llu", dc->low_water_mark);
+		if (dc->early_ack)
+			DMEMIT(" early_ack");
 		if (dc->read_only)
 			DMEMIT(" read_only");
 		break;
@@ -167,6 +169,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("data_write_errors %lld\n",
 	       atomic64_read(&dc->data_write_errors));
 	DMEMIT("deferred_reads %lld\n", atomic64_read(&dc->deferred_reads));
+	DMEMIT("early_acks %lld\n", atomic64_read(&dc->early_acks));
+	DMEMIT("early_acked_blocks_in_flight %u\n", READ_ONCE(dc->acked_blocks));
 	DMEMIT("ordered_waits %llu\n", READ_ONCE(dc->cells.waits));
 	DMEMIT("discard_passdown_blocks %lld\n",
 	       atomic64_read(&dc->discard_passdown_blocks));
@@ -218,6 +222,8 @@ static void dedup_postsuspend(struct dm_target *ti)
 
 	if (!dc->md)
 		return;
+	/* Writes acknowledged early are no bios in flight for dm core. */
+	dd_io_drain(dc);
 	dd_commit_stop(dc);
 	/*
 	 * Settled: no block left cooling, so nothing is dirty and the
@@ -265,7 +271,7 @@ static void dedup_resume(struct dm_target *ti)
 static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 			    const char **hash, char **error)
 {
-	static const struct dm_arg nr_opts = {0, 9, "Invalid number of optional arguments"};
+	static const struct dm_arg nr_opts = {0, 10, "Invalid number of optional arguments"};
 	static const struct dm_arg interval = {1, DD_MAX_COMMIT_INTERVAL,
 		"Invalid commit_interval (seconds, 1-3600)"};
 	unsigned int count;
@@ -287,6 +293,8 @@ static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 			dc->verify = true;
 		} else if (!strcasecmp(opt, "discard_passdown")) {
 			dc->discard_passdown = true;
+		} else if (!strcasecmp(opt, "early_ack")) {
+			dc->early_ack = true;
 		} else if (!strcasecmp(opt, "read_only")) {
 			dc->read_only = true;
 		} else if (!strcasecmp(opt, "hash") && count) {
@@ -470,7 +478,7 @@ static int dd_claim_devices(struct dedup_c *dc, bool *reload)
 /*
  * <metadata dev> <data dev> [<#opt args> [hash <alg>] [verify]
  *   [commit_interval <s>] [discard_passdown] [low_water_mark <blocks>]
- *   [read_only]]
+ *   [early_ack] [read_only]]
  */
 static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 {
@@ -614,6 +622,8 @@ static void dedup_dtr(struct dm_target *ti)
 {
 	struct dedup_c *dc = ti->private;
 
+	/* A table never resumed has none; a suspended one drained them. */
+	dd_io_drain(dc);
 	dd_commit_stop(dc);
 	/* dm core destroys a target only when no bio of it is in flight. */
 	WARN_ON_ONCE(!dd_cells_empty(&dc->cells));

@@ -27,56 +27,10 @@ cut.
 
 import os
 
-import ddlib
-from ddlib import ZERO, BlockDev, DedupDev, block_data, digest, run
+from ddlib import ZERO, BlockDev, block_data, digest
+from powercut import PowerRig
 
-META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 NB = 512          # LBAs looked at (all writes of the test are below this)
-
-
-class PowerRig:
-    def __init__(self, backing):
-        self.backing = backing
-        self.nb = {"m": "ddnbm", "d": "ddnbd"}
-        self.size = {"m": META_MIB, "d": DATA_MIB}
-        for k in "md":
-            backing.nullb(self.nb[k], self.size[k], cache_mib=self.size[k])
-        self.layers = {"m": "ddtcrm", "d": "ddtcrd"}
-        self._linear()
-        self.dev = DedupDev("ddtcr", "/dev/mapper/" + self.layers["m"],
-                            "/dev/mapper/" + self.layers["d"],
-                            LOGICAL_MIB * ddlib.MIB // 512, ["commit_interval", "3600"])
-
-    def sectors(self, k):
-        return self.size[k] * ddlib.MIB // 512
-
-    def _linear(self):
-        for k in "md":
-            run(["dmsetup", "create", self.layers[k], "--table",
-                 "0 %d linear /dev/%s 0" % (self.sectors(k), self.nb[k])])
-        ddlib.udev_settle()
-
-    def cut(self):
-        """From now on all writes and flushes below dm-dedup are dropped."""
-        for k in "md":
-            run(["dmsetup", "suspend", "--noflush", "--nolockfs", self.layers[k]])
-        for k in "md":
-            run(["dmsetup", "load", self.layers[k], "--table",
-                 "0 %d flakey /dev/%s 0 0 1 1 drop_writes" % (self.sectors(k), self.nb[k])])
-        for k in "md":
-            run(["dmsetup", "resume", self.layers[k]])
-
-    def power_cycle(self):
-        """Remove everything above the disks, lose their caches, set up again."""
-        self.dev.remove()
-        for k in "md":
-            ddlib.dm_remove(self.layers[k])
-        for k in "md":
-            self.backing.power(self.nb[k], False)
-        for k in "md":
-            self.backing.power(self.nb[k], True)
-        self._linear()
-        self.dev.activate()
 
 
 def check_after_cut(dev, durable, maybe):

@@ -24,6 +24,7 @@ OPTIONS = {          # option -> (valid value or None for a flag)
     "commit_interval": "5",
     "discard_passdown": None,
     "low_water_mark": "100",
+    "early_ack": None,
     "read_only": None,
 }
 BAD_NUMBERS = {

@@ -1,0 +1,62 @@
+"""The power-cut rig of test_crash.py: see its docstring for the method."""
+
+import ddlib
+from ddlib import DedupDev, run
+
+META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
+
+
+class PowerRig:
+    """dm-dedup over two null_blk disks with volatile caches, each behind
+    a dm layer that cut() swaps for dm-flakey drop_writes. With
+    write_delay_ms, the data disk's layer is dm-delay, holding every write
+    (and flush) that long, so that the target's writes stay in flight."""
+
+    def __init__(self, backing, opts=(), write_delay_ms=0):
+        self.backing = backing
+        self.nb = {"m": "ddnbm", "d": "ddnbd"}
+        self.size = {"m": META_MIB, "d": DATA_MIB}
+        self.write_delay_ms = write_delay_ms
+        for k in "md":
+            backing.nullb(self.nb[k], self.size[k], cache_mib=self.size[k])
+        self.layers = {"m": "ddtcrm", "d": "ddtcrd"}
+        self._linear()
+        self.dev = DedupDev("ddtcr", "/dev/mapper/" + self.layers["m"],
+                            "/dev/mapper/" + self.layers["d"],
+                            LOGICAL_MIB * ddlib.MIB // 512,
+                            ["commit_interval", "3600"] + list(opts))
+
+    def sectors(self, k):
+        return self.size[k] * ddlib.MIB // 512
+
+    def _linear(self):
+        for k in "md":
+            disk = "/dev/" + self.nb[k]
+            table = "0 %d linear %s 0" % (self.sectors(k), disk)
+            if k == "d" and self.write_delay_ms:
+                table = "0 %d delay %s 0 0 %s 0 %d" % (self.sectors(k), disk, disk,
+                                                     self.write_delay_ms)
+            run(["dmsetup", "create", self.layers[k], "--table", table])
+        ddlib.udev_settle()
+
+    def cut(self):
+        """From now on all writes and flushes below dm-dedup are dropped."""
+        for k in "md":
+            run(["dmsetup", "suspend", "--noflush", "--nolockfs", self.layers[k]])
+        for k in "md":
+            run(["dmsetup", "load", self.layers[k], "--table",
+                 "0 %d flakey /dev/%s 0 0 1 1 drop_writes" % (self.sectors(k), self.nb[k])])
+        for k in "md":
+            run(["dmsetup", "resume", self.layers[k]])
+
+    def power_cycle(self):
+        """Remove everything above the disks, lose their caches, set up again."""
+        self.dev.remove()
+        for k in "md":
+            ddlib.dm_remove(self.layers[k])
+        for k in "md":
+            self.backing.power(self.nb[k], False)
+        for k in "md":
+            self.backing.power(self.nb[k], True)
+        self._linear()
+        self.dev.activate()
