@@ -9,13 +9,16 @@
 # usage: profile.sh WORKLOAD...   (seq0: 1 MiB writes, unique data;
 #                                  seq100: 1 MiB writes, all duplicates;
 #                                  rand0, rand50, rand90: 4 KiB random writes,
-#                                  none, 50 or 90 % duplicates;
+#                                  none, 50 or 90 % duplicates, iodepth 32;
+#                                  rand<dup>q<depth>, e.g. rand0q4: the same
+#                                  at another iodepth;
 #                                  randread: 4 KiB random reads after a fill
 #                                  of PROFILE_BYTES with 1 MiB writes)
 # Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
 # boot (before and after a change), default "dm-dedup=$DEDUP_KO"; the KO
-# "linear" stands for dm-linear over the data disk, the raw reference.
+# "linear" stands for dm-linear over the data disk, the raw reference, and
+# KO:OPT,OPT adds table options (e.g. dm-dedup.ko:early_ack).
 # PROFILE_REPS=N first times N runs of each workload without perf (fresh
 # device each, the modules in turn) and prints their medians;
 # PROFILE_PERF=0 skips the profiles.
@@ -57,7 +60,9 @@ fresh_device() {
     if [ "$KIND" = linear ]; then
         dmsetup create prof-dedup --table "0 $S linear $DATA 0"
     else
-        dmsetup create prof-dedup --table "0 $((2 * S)) dedup $META $DATA"
+        local o=(${DEDUP_OPTS//,/ })
+        dmsetup create prof-dedup --table \
+            "0 $((2 * S)) dedup $META $DATA${o[*]:+ ${#o[@]} ${o[*]}}"
     fi
     if [ -n "${fill[*]}" ]; then
         fio --name=fill --filename=/dev/mapper/prof-dedup --direct=1 --ioengine=libaio \
@@ -74,6 +79,9 @@ workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
         rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
         rand50|rand90)
             opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${1#rand}) ;;
+        rand*q*)    # rand<duplicate %>q<iodepth>, e.g. rand0q4
+            local d=${1#rand}
+            opts=(--rw=randwrite --bs=4k --iodepth=${d#*q} --dedupe_percentage=${d%q*}) ;;
         randread)
             opts=(--rw=randread --bs=4k --iodepth=32)
             fill=(--rw=write --bs=1M --iodepth=4) ;;
@@ -81,11 +89,13 @@ workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
     esac
 }
 
-load_module() { # load_module KO: sets KIND
+load_module() { # load_module KO[:OPT,OPT...]: sets KIND and DEDUP_OPTS
     KIND=dedup
+    DEDUP_OPTS=
     if [ "$1" = linear ]; then KIND=linear; return; fi
+    [[ "$1" != *:* ]] || DEDUP_OPTS=${1#*:}
     [ -d /sys/module/dm_dedup ] && rmmod dm_dedup
-    insmod "$1"
+    insmod "${1%%:*}"
 }
 
 # The timed runs go round the modules once per repetition (A B A B ...,
