@@ -28,6 +28,8 @@
 # system must allow O_DIRECT), BENCH_OUT (result directory), BENCH_BEFORE (a
 # commit whose module runs as one more stack, "before"), BENCH_DATA_GIB (12),
 # BENCH_SYNC_DATA_GIB (the datasync disk, default BENCH_DATA_GIB),
+# BENCH_DEDUP_OPTS (table options of the "dedup" stack, e.g. early_ack;
+# "before" always runs with none),
 # BENCH_PROFILE (workloads for profile.sh, default
 # "seq0 seq100 rand50"; "none" skips it), SKIP_DEPS=1, SKIP_BUILD=1,
 # GUEST_TIMEOUT (7200).
@@ -133,6 +135,7 @@ host_disk=$(findmnt -no SOURCE,FSTYPE -T "$CACHE/disks" | head -n 1)
 q() { printf '%q' "$1"; }
 CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
 export BENCH_STACKS=$(q "$STACKS") BENCH_BEFORE_KO=$(q "$BEFORE_KO") BENCH_BEFORE=$(q "${before:-}")
+export BENCH_DEDUP_OPTS=$(q "${BENCH_DEDUP_OPTS:-}")
 export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync fsync_sync discard activation pool pool_sync}")
 export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/target/release/dedup")
 /usr/bin/python3 $(q "$REPO/tests/bench/bench.py") || exit

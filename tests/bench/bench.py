@@ -14,7 +14,7 @@ Stacks, each created fresh on discarded disks for every workload:
   raw    dm-linear over `data`
   thin   thin-pool (64 KiB chunks, zeroing on: LVM's defaults) + thin volume
   vdo    vdoformat + dm-vdo table, compression off, other settings default
-  dedup  dm-dedup with its defaults
+  dedup  dm-dedup with its defaults, or the options of BENCH_DEDUP_OPTS
 thin, vdo and dedup get the same logical size (twice the data disk).
 
 Every fio run writes a region no earlier run of that stack touched, with
@@ -42,6 +42,8 @@ OUT = os.environ.get("BENCH_OUT", "/tmp/bench-out")
 REPS = int(os.environ.get("BENCH_REPS", "3"))
 QUICK = os.environ.get("BENCH_QUICK", "0") == "1"
 STACKS = os.environ.get("BENCH_STACKS", "raw thin vdo dedup").split()
+# Table options of the "dedup" stack (the "before" stack runs without).
+DEDUP_OPTS = os.environ.get("BENCH_DEDUP_OPTS", "").split()
 WORKLOADS = os.environ.get("BENCH_WORKLOADS",
                            "seqwrite randwrite randread fsync pool").split()
 DEDUP_BIN = os.environ.get("DEDUP_BIN") or os.path.join(
@@ -242,13 +244,15 @@ class Vdo(Stack):
 
 class Dedup(Stack):
     name = "dedup"
+    opts = DEDUP_OPTS
 
     def create(self):
         self.activate()
 
     def activate(self):
+        opts = " %d %s" % (len(self.opts), " ".join(self.opts)) if self.opts else ""
         sh(["dmsetup", "create", "bench-dedup", "--table",
-            "0 %d dedup %s %s" % (self.logical_sectors, self.meta, self.data)])
+            "0 %d dedup %s %s%s" % (self.logical_sectors, self.meta, self.data, opts)])
         self.dev = "/dev/mapper/bench-dedup"
 
     def stats(self):
@@ -275,6 +279,7 @@ class DedupBefore(Dedup):
     and after figures from one boot: its module is swapped in for this
     stack and the tree's module back afterwards (both register "dedup")."""
     name = "before"
+    opts = []
 
     def create(self):
         ddlib.unload_dedup_module()
@@ -872,6 +877,7 @@ def main():
     log("guest CPU: %s" % {k: v for k, v in RESULTS["machine"].items() if "per_sec" in k})
     RESULTS["config"] = {"reps": REPS, "quick": QUICK, "stacks": STACKS,
                          "before_commit": os.environ.get("BENCH_BEFORE", ""),
+                         "dedup_opts": DEDUP_OPTS,
                          "workloads": WORKLOADS, "seq_bytes": SEQ_BYTES,
                          "rand_bytes": RAND_BYTES, "read_fill_bytes": READ_FILL,
                          "timed_secs": TIMED_SECS, "activation_blocks": ACT_BLOCKS,

@@ -346,6 +346,8 @@ def main():
     groups = by_key(res["runs"])
     cfg, mach = res["config"], res["machine"]
     STACK_LABEL["before"] = "dm-dedup at %s" % (cfg.get("before_commit") or "an earlier commit")
+    if cfg.get("dedup_opts"):
+        STACK_LABEL["dedup"] = "dm-dedup, %s" % " ".join(cfg["dedup_opts"])
 
     disks = [
         ["data disk", "%d GiB virtio-blk, raw file, cache=%s" % (
