@@ -135,6 +135,18 @@ def fill_concurrently(d, seed, first_id, writers, lbas_each, base=0):
     return exp, [err for _, err in results]
 
 
+def discard_lbas(d, lbas):
+    """Discard @lbas, a run of consecutive ones per call."""
+    lbas = sorted(lbas)
+    i = 0
+    while i < len(lbas):
+        j = i
+        while j + 1 < len(lbas) and lbas[j + 1] == lbas[j] + 1:
+            j += 1
+        ddlib.discard(d.path, lbas[i], j - i + 1)
+        i = j + 1
+
+
 def test_full_device_concurrent_writers(make_dedup, seed):
     """Writers on both CPUs fill the data device to its last block: a CPU's
     reserved run of free blocks (dedup-reserve.c) is given back before any
@@ -154,8 +166,8 @@ def test_full_device_concurrent_writers(make_dedup, seed):
 
     # Free 100 blocks, let the commits make them reusable, fill again at once.
     freed = sorted(exp)[:100]
+    discard_lbas(d, freed)
     for lba in freed:
-        ddlib.discard(d.path, lba, 1)
         del exp[lba]
     d.commit()
     d.commit()
@@ -170,8 +182,9 @@ def test_full_device_concurrent_writers(make_dedup, seed):
     # Free some again and write a few from one writer, so that runs are
     # reserved when the device is removed: the clean close saves the
     # blocks in use only, and the next activation finds them.
-    for lba in sorted(exp)[:64]:
-        ddlib.discard(d.path, lba, 1)
+    freed = sorted(exp)[:64]
+    discard_lbas(d, freed)
+    for lba in freed:
         del exp[lba]
     d.commit()
     d.commit()
