@@ -132,8 +132,9 @@ def test_write_failing_after_early_ack_fails_the_next_flush(backing, seed):
 
 
 def test_suspend_and_reload_wait_for_writes_acknowledged_early(backing, seed):
+    # Long enough that the writes are still in flight when looked at.
     meta = backing.loop(META_MIB, "meta")
-    data, _, _ = delayed(backing, "ddteadata", DATA_MIB, 4 * WRITE_DELAY_MS)
+    data, _, _ = delayed(backing, "ddteadata", DATA_MIB, 1600)
     dev = DedupDev.create("ddtea", meta, data, LOGICAL_MIB * ddlib.MIB // 512,
                           ["early_ack"])
     exp = {}
