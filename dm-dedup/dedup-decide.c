@@ -28,6 +28,11 @@
  * duplicate.
  */
 #define DD_VERIFY_CANDIDATES		8
+/*
+ * Times a write looks at ruled-out leaves again because a leader of its
+ * content may have landed in one meanwhile, before it stores a copy.
+ */
+#define DD_LOOK_AGAIN			4
 /* New blocks mapped per trip through the metadata lock. */
 #define DD_MAP_BATCH			16
 /* Logical blocks a discard unmaps per trip through the locks. */
@@ -237,6 +242,14 @@ static u32 dd_inflight_key(const u8 *fp)
 	return get_unaligned_le32(fp);
 }
 
+/* How many leaders of content hashing like @fp's have left the table. */
+static u32 *dd_inflight_ends(struct dedup_c *dc, const u8 *fp)
+{
+	lockdep_assert_held(&dc->index_lock);
+	return &dc->inflight_ends[hash_min(dd_inflight_key(fp),
+					   DD_INFLIGHT_BITS)];
+}
+
 static struct dd_write_block *dd_inflight_find(struct dedup_c *dc, const u8 *fp)
 {
 	struct dd_write_block *b;
@@ -263,6 +276,7 @@ static void dd_inflight_del(struct dedup_c *dc, struct dd_write_block *b)
 
 	lockdep_assert_held(&dc->index_lock);
 	hash_del(&b->inflight_node);
+	(*dd_inflight_ends(dc, b->fp))++;
 	/* Their work is the block's own (dedup-io.c): it decides again. */
 	list_for_each_entry_safe(waiter, tmp, &b->waiters, wait_entry) {
 		list_del_init(&waiter->wait_entry);
@@ -388,15 +402,33 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 {
 	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX], pba[DD_HOLDERS];
-	unsigned int nr, i, nr_out = 0, nr_differ = 0;
-	bool copy = false;
+	unsigned int nr, i, nr_out = 0, nr_differ = 0, again = 0;
+	bool copy = false, first = true;
+	u32 ends = 0;
 	int r, n, j;
 
 	lockdep_assert_held_read(&dc->lock);
 	for (;;) {
 		spin_lock(&dc->index_lock);
+		if (first)
+			ends = *dd_inflight_ends(dc, b->fp);
+		first = false;
 		nr = copy ? 0 : dd_index_candidates(dc, b->fp, out, nr_out,
 						    cand, DD_CANDIDATES);
+		/*
+		 * A leader enters the index before it is mapped: a leaf ruled
+		 * out for holding no live block of our content may hold the
+		 * leader's block by now, and the leader has left the table.
+		 * Look at every leaf again rather than store a second copy.
+		 */
+		if (!nr && nr_out && !copy && again < DD_LOOK_AGAIN &&
+		    *dd_inflight_ends(dc, b->fp) != ends) {
+			ends = *dd_inflight_ends(dc, b->fp);
+			again++;
+			nr_out = 0;
+			spin_unlock(&dc->index_lock);
+			continue;
+		}
 		if (!nr) {
 			r = dd_lead_or_park(dc, b);
 			spin_unlock(&dc->index_lock);
@@ -687,7 +719,8 @@ static void dd_map_stored(struct dedup_c *dc, struct dd_write_block **blk,
  *
  * A block enters the index before it is mapped, while it still leads its
  * content in the in-flight table: whoever finds it in that window finds
- * it not live yet, looks further, and waits for it. Entered after the
+ * it not live yet, looks further, and waits for it (or, if it has left
+ * the table by then, looks again: dd_try_dedup). Entered after the
  * mapping instead, a write that freed the block in between would find
  * nothing to forget, and the entry would outlive the block.
  */

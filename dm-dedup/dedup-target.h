@@ -120,9 +120,11 @@ struct dedup_c {
 	atomic64_t discard_passdown_blocks;
 
 	/* dedup-decide.c (the stats message reads the index's counts racily) */
-	spinlock_t index_lock;		/* protects the two below */
+	spinlock_t index_lock;		/* protects the three below */
 	struct dd_index index;
 	DECLARE_HASHTABLE(inflight, DD_INFLIGHT_BITS);	/* unique writes */
+	/* leaders that left the in-flight table, per fingerprint bucket */
+	u32 inflight_ends[1 << DD_INFLIGHT_BITS];
 	atomic64_t verify_mismatches;
 	atomic64_t index_full;
 	/* leaves the index offered, and those that held no live holder */
