@@ -29,6 +29,7 @@
 # commit whose module runs as one more stack, "before"), BENCH_DATA_GIB (12),
 # BENCH_SYNC_DATA_GIB (the datasync disk, default BENCH_DATA_GIB),
 # BENCH_DEDUP_OPTS (table options of the "dedup" stack, e.g. early_ack;
+# the stack "ack" is the tree's module with early_ack beside it;
 # "before" always runs with none),
 # BENCH_PROFILE (workloads for profile.sh, default
 # "seq0 seq100 rand50"; "none" skips it), SKIP_DEPS=1, SKIP_BUILD=1,
@@ -133,6 +134,14 @@ host_cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
 qemu_ver=$(qemu-system-x86_64 --version | head -n 1)
 host_disk=$(findmnt -no SOURCE,FSTYPE -T "$CACHE/disks" | head -n 1)
 q() { printf '%q' "$1"; }
+# The profiles cover the module before the change and the early_ack stack
+# when those are measured too.
+PROFILE_MODULES=
+[ -n "$BEFORE_KO" ] && PROFILE_MODULES="before=$BEFORE_KO"
+PROFILE_MODULES+="${PROFILE_MODULES:+ }dm-dedup=$REPO/dm-dedup/dm-dedup.ko"
+case " $STACKS " in
+    *" ack "*) PROFILE_MODULES+=" early_ack=$REPO/dm-dedup/dm-dedup.ko:early_ack" ;;
+esac
 CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
 export BENCH_STACKS=$(q "$STACKS") BENCH_BEFORE_KO=$(q "$BEFORE_KO") BENCH_BEFORE=$(q "${before:-}")
 export BENCH_DEDUP_OPTS=$(q "${BENCH_DEDUP_OPTS:-}")
@@ -143,7 +152,7 @@ export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") DEDUP_BIN=$(q "$REPO/tools/tar
 # profile.txt and the report is written all the same.
 [ $(q "$PROFILE") = none ] && exit 0
 PROFILE_OUT=$(q "$SCRATCH/profile") PROFILE_BYTES=$(q "$PROFILE_BYTES") \
-    bash $(q "$REPO/tests/bench/profile.sh") $PROFILE >$(q "$SCRATCH/profile.txt") 2>&1 ||
+    PROFILE_MODULES=$(q "$PROFILE_MODULES") bash $(q "$REPO/tests/bench/profile.sh") $PROFILE >$(q "$SCRATCH/profile.txt") 2>&1 ||
     echo \"profile.sh failed with status \$?\" >>$(q "$SCRATCH/profile.txt")
 exit 0"
 

@@ -294,7 +294,15 @@ class DedupBefore(Dedup):
             ddlib.load_dedup_module()
 
 
-STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup, "before": DedupBefore}
+class DedupAck(Dedup):
+    """The tree's dm-dedup with early_ack: writes acknowledged once their
+    blocks are decided, as dm-vdo acknowledges them."""
+    name = "ack"
+    opts = ["early_ack"]
+
+
+STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup, "before": DedupBefore,
+                 "ack": DedupAck}
 
 
 def discard_disks(data, meta):
