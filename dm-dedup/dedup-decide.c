@@ -403,16 +403,17 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 {
 	u64 cand[DD_CANDIDATES], out[DD_RULED_OUT_MAX], pba[DD_HOLDERS];
 	unsigned int nr, i, nr_out = 0, nr_differ = 0, again = 0;
-	bool copy = false, first = true;
-	u32 ends = 0;
+	bool copy = false;
+	u32 ends = 0, *ends_now;
 	int r, n, j;
 
 	lockdep_assert_held_read(&dc->lock);
 	for (;;) {
 		spin_lock(&dc->index_lock);
-		if (first)
-			ends = *dd_inflight_ends(dc, b->fp);
-		first = false;
+		ends_now = dd_inflight_ends(dc, b->fp);
+		/* Before any leaf is ruled out: what a leaf reads from here on. */
+		if (!nr_out)
+			ends = *ends_now;
 		nr = copy ? 0 : dd_index_candidates(dc, b->fp, out, nr_out,
 						    cand, DD_CANDIDATES);
 		/*
@@ -422,8 +423,7 @@ static int dd_try_dedup(struct dedup_c *dc, struct dd_write_block *b)
 		 * Look at every leaf again rather than store a second copy.
 		 */
 		if (!nr && nr_out && !copy && again < DD_LOOK_AGAIN &&
-		    *dd_inflight_ends(dc, b->fp) != ends) {
-			ends = *dd_inflight_ends(dc, b->fp);
+		    *ends_now != ends) {
 			again++;
 			nr_out = 0;
 			spin_unlock(&dc->index_lock);

@@ -98,8 +98,9 @@ def targets(res, groups):
 
     pool = {p["stack"]: p for p in res.get("pool", [])}
     # The early_ack stack, when measured, gets its own rows for the writes.
-    variants = [("dedup", "dm-dedup")] + [
-        ("ack", "dm-dedup early_ack") for r in res.get("runs", []) if r["stack"] == "ack"][:1]
+    variants = [("dedup", "dm-dedup")]
+    if any(r["stack"] == "ack" for r in res.get("runs", [])):
+        variants.append(("ack", "dm-dedup early_ack"))
     for s, name in variants:
         for dup, goal in (("0%", 1.2), ("50%", 1.5), ("90%", 1.2)):
             add("4 KiB random writes, %s duplicates: %s / dm-vdo IOPS" % (
