@@ -495,6 +495,39 @@ static void dd_block_test_background_write(struct kunit *test)
 	KUNIT_EXPECT_FALSE(test, dd_bm_background_writes(bm));
 }
 
+/*
+ * A write-ahead is not background writeback, and a block changed after it
+ * is written again, checksum and all, by the next write-out.
+ */
+static void dd_block_test_write_ahead(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_bm *bm = dd_test_bm_create(test, bdev, 16);
+	u8 *raw = dd_test_block(test);
+	struct dd_block blk;
+
+	bm->txn = 1;
+	KUNIT_ASSERT_EQ(test, dd_bm_new(bm, &dd_leaf2, &blk), 0);
+	KUNIT_ASSERT_EQ(test, blk.nr, 2);
+	memset(dd_payload(&blk), 0xaa, DD_PAYLOAD_SIZE);
+	dd_bm_release_dirty(&blk);
+	dd_bm_write_ahead(bm);
+	KUNIT_EXPECT_FALSE(test, dd_bm_background_writes(bm));
+	dd_test_read_block(test, bdev, 2, raw);
+	KUNIT_EXPECT_TRUE(test, dd_block_csum_ok(raw));
+	KUNIT_EXPECT_EQ(test, raw[DD_HEADER_SIZE], 0xaa);
+
+	KUNIT_ASSERT_EQ(test, dd_bm_shadow(bm, 2, &dd_leaf2, &blk), 0);
+	KUNIT_EXPECT_EQ(test, blk.nr, 2);
+	memset(dd_payload(&blk), 0xbb, DD_PAYLOAD_SIZE);
+	dd_bm_release_dirty(&blk);
+	KUNIT_ASSERT_EQ(test, dd_bm_write_all(bm), 0);
+	dd_test_read_block(test, bdev, 2, raw);
+	KUNIT_EXPECT_TRUE(test, dd_block_csum_ok(raw));
+	KUNIT_EXPECT_EQ(test, raw[DD_HEADER_SIZE], 0xbb);
+	KUNIT_EXPECT_EQ(test, raw[DD_BLOCK_SIZE - 1], 0xbb);
+}
+
 /* Generation g goes to slot g % 2, as a full 4 KiB block. */
 static void dd_block_test_super_slots(struct kunit *test)
 {
@@ -550,6 +583,7 @@ static struct kunit_case dd_block_cases[] = {
 	KUNIT_CASE(dd_block_test_txn_from_ram),
 	KUNIT_CASE(dd_block_test_lost_write),
 	KUNIT_CASE(dd_block_test_background_write),
+	KUNIT_CASE(dd_block_test_write_ahead),
 	KUNIT_CASE(dd_block_test_super_slots),
 	{}
 };

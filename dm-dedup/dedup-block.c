@@ -50,9 +50,10 @@ static void dd_alloc_callback(struct dm_buffer *buf)
 /*
  * Called by dm-bufio right before every write of a block, under its own
  * lock and maybe from its reclaim: no sleeping here. A write that is not
- * part of dd_bm_write_all() is background writeback, whose error dm-bufio
- * keeps to itself until the next dm_bufio_write_dirty_buffers(); flag it
- * so that dd_bm_writeback_error() asks soon, not at the next commit.
+ * part of dd_bm_write_all() or of a write-ahead is background writeback,
+ * whose error dm-bufio keeps to itself until the next
+ * dm_bufio_write_dirty_buffers(); flag it so that dd_bm_writeback_error()
+ * asks soon, not at the next commit.
  */
 static void dd_write_callback(struct dm_buffer *buf)
 {
@@ -60,7 +61,7 @@ static void dd_write_callback(struct dm_buffer *buf)
 	struct dd_aux *aux = dm_bufio_get_aux_data(buf);
 
 	h->csum = cpu_to_le32(dd_block_csum(h));
-	if (aux->bm && !READ_ONCE(aux->bm->writing_out))
+	if (aux->bm && !atomic_read(&aux->bm->writing_out))
 		set_bit(DD_BM_BACKGROUND_WRITE, &aux->bm->flags);
 }
 
@@ -398,13 +399,37 @@ void dd_bm_settle(struct dd_bm *bm)
  */
 int dd_bm_write_all(struct dd_bm *bm)
 {
-	int r;
+	int r, ahead;
 
-	WRITE_ONCE(bm->writing_out, true);
+	atomic_inc(&bm->writing_out);
 	clear_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);
 	r = dm_bufio_write_dirty_buffers(bm->bufio);
-	WRITE_ONCE(bm->writing_out, false);
-	return r;
+	atomic_dec(&bm->writing_out);
+	ahead = xchg(&bm->ahead_error, 0);
+	return ahead ?: r;
+}
+
+/*
+ * The bulk of a commit's write-out, done while the transaction still
+ * changes, so that the commit itself writes only what changed since.
+ * Safe at any time: the running transaction's blocks lie where the
+ * committed state has free space, as background writeback already
+ * knows; a block changed while it is written is dirty again and written
+ * again. dm-bufio hands a write error to one waiter only: keep it for the
+ * next write-out, and flag it so that writers ask for it before the
+ * commit does (dd_bm_writeback_error()).
+ */
+void dd_bm_write_ahead(struct dd_bm *bm)
+{
+	int r;
+
+	atomic_inc(&bm->writing_out);
+	r = dm_bufio_write_dirty_buffers(bm->bufio);
+	atomic_dec(&bm->writing_out);
+	if (r) {
+		cmpxchg(&bm->ahead_error, 0, r);
+		set_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);
+	}
 }
 
 /*

@@ -30,7 +30,8 @@ struct dd_bm {
 	 */
 	unsigned long *fresh;
 	u64 fresh_lo, fresh_hi;
-	bool writing_out;		/* inside dd_bm_write_all() */
+	atomic_t writing_out;		/* in dd_bm_write_all() or ahead */
+	int ahead_error;		/* a write-ahead's, for the write-out */
 	unsigned long flags;		/* DD_BM_* bits */
 };
 
@@ -68,6 +69,7 @@ void dd_bm_release(struct dd_block *blk);
 void dd_bm_release_dirty(struct dd_block *blk);
 
 int dd_bm_write_all(struct dd_bm *bm);
+void dd_bm_write_ahead(struct dd_bm *bm);
 bool dd_bm_background_writes(struct dd_bm *bm);
 int dd_bm_writeback_error(struct dd_bm *bm);
 void dd_bm_next_txn(struct dd_bm *bm);

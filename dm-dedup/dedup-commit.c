@@ -12,9 +12,10 @@
  * interval, a half-full journal, the commit message, writers that need
  * freed blocks, and suspend.
  *
- * A commit holds dc->lock exclusive only to write the metadata. The data
- * the new state points at must be stable first, but the data device is
- * flushed before the lock is taken, while writers go on: a run of new
+ * A commit holds dc->lock exclusive only to write the metadata, and most
+ * of that was written ahead while writers went on. The data the new
+ * state points at must be stable first, but the data device is flushed
+ * before the lock is taken, while writers go on: a run of new
  * data whose write completed after that flush began is not mapped until
  * the commit is done (dd_data_covered), so everything the commit writes
  * points at data the flush covered. Blocks that become reusable at the
@@ -327,9 +328,43 @@ static void dd_map_covered(struct dedup_c *dc, struct list_head *covered)
 	}
 }
 
+/*
+ * Writing the changed metadata blocks is most of a commit: write them
+ * while writers go on, as one more shared step, so that the commit keeps
+ * writers out only while it writes what changed since, flushes, and
+ * writes the superblock.
+ */
+static void dd_commit_write_ahead(struct dedup_c *dc)
+{
+	lockdep_assert_held(&dc->commit_mutex);
+	down_read(&dc->lock);
+	dd_md_write_ahead(dc->md);
+	up_read(&dc->lock);
+}
+
+/* A commit holds writers out from here to dd_commit_let_in(). */
+static ktime_t dd_commit_hold(struct dedup_c *dc)
+{
+	lockdep_assert_held(&dc->commit_mutex);
+	down_write(&dc->lock);
+	return ktime_get();
+}
+
+/* ... and counts for how long, for the stats message. */
+static void dd_commit_let_in(struct dedup_c *dc, ktime_t held)
+{
+	u64 ns = ktime_to_ns(ktime_sub(ktime_get(), held));
+
+	up_write(&dc->lock);
+	WRITE_ONCE(dc->commit_hold_ns, dc->commit_hold_ns + ns);
+	if (ns > dc->commit_hold_max_ns)
+		WRITE_ONCE(dc->commit_hold_max_ns, ns);
+}
+
 static int dd_commit_locked(struct dedup_c *dc)
 {
 	LIST_HEAD(covered);
+	ktime_t held;
 	bool dirty;
 	int r;
 
@@ -337,7 +372,8 @@ static int dd_commit_locked(struct dedup_c *dc)
 	r = dd_commit_needed(dc, &dirty);
 	if (r || !dirty)
 		return r;
-	down_write(&dc->lock);
+	dd_commit_write_ahead(dc);
+	held = dd_commit_hold(dc);
 	if (dd_md_journaled(dc->md) && !dd_md_journal_pending(dc->md)) {
 		/*
 		 * A checkpoint of appended changes only: each append flushed
@@ -345,14 +381,14 @@ static int dd_commit_locked(struct dedup_c *dc)
 		 * fail the device for data it will not write.
 		 */
 		r = dd_commit_metadata(dc, 0);
-		up_write(&dc->lock);
+		dd_commit_let_in(dc, held);
 	} else {
-		up_write(&dc->lock);
+		dd_commit_let_in(dc, held);
 		r = dd_commit_flush_data(dc);
-		down_write(&dc->lock);
+		held = dd_commit_hold(dc);
 		r = dd_commit_metadata(dc, r);
 		dd_data_flushed(dc, &covered);
-		up_write(&dc->lock);
+		dd_commit_let_in(dc, held);
 		dd_map_covered(dc, &covered);
 	}
 	if (dc->discard_passdown)
@@ -493,6 +529,8 @@ void dd_commit_init(struct dedup_c *dc)
 	mutex_init(&dc->commit_mutex);
 	dc->flush_seq = 0;
 	dc->committed_seq = 0;
+	dc->commit_hold_ns = 0;
+	dc->commit_hold_max_ns = 0;
 	INIT_LIST_HEAD(&dc->flush_waiters);
 	init_rwsem(&dc->lock);
 	spin_lock_init(&dc->commit_lock);

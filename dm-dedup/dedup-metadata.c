@@ -1626,6 +1626,13 @@ static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 	return 0;
 }
 
+void dd_md_write_ahead(struct dd_metadata *md)
+{
+	/* Read-only metadata is never committed again. */
+	if (!READ_ONCE(md->read_only))
+		dd_bm_write_ahead(md->bm);
+}
+
 int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx)
 {
 	u64 before;

@@ -245,6 +245,12 @@ bool dd_md_journal_pending(struct dd_metadata *md);
 /* Half the journal is used: a commit (its checkpoint) empties it. */
 bool dd_md_checkpoint_due(struct dd_metadata *md);
 
+/*
+ * Before a commit, with changes still going on: write what the running
+ * transaction changed so far, so that the commit, which keeps changes
+ * out, writes only what changed since. A failed write fails the commit.
+ */
+void dd_md_write_ahead(struct dd_metadata *md);
 /* @reusable may be NULL; it is not called for held frees. */
 int dd_md_commit(struct dd_metadata *md, dd_reusable_fn reusable, void *ctx);
 void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,

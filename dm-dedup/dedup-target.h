@@ -99,9 +99,12 @@ struct dedup_c {
 	u64 activation_ms;	/* opening the metadata and the index */
 
 	/* dedup-commit.c */
-	struct mutex commit_mutex;	/* a whole commit, and the two below */
+	struct mutex commit_mutex;	/* a whole commit, and the four below */
 	u64 flush_seq;		/* data flushes a commit started */
 	u64 committed_seq;	/* ... and finished; under lock too */
+	/* how long commits held writers out, in total and at most at once */
+	u64 commit_hold_ns;
+	u64 commit_hold_max_ns;
 	struct rw_semaphore lock;	/* the transaction, see above */
 	int mode;			/* only raised, by cmpxchg; read anywhere */
 	atomic_t low_water_raised;	/* set by a writer, cleared by commit */

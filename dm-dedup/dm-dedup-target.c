@@ -142,6 +142,10 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("journal_blocks_written %llu\n", st.journal_blocks_written);
 	DMEMIT("journal_blocks_replayed %llu\n", st.journal_replayed);
 	DMEMIT("checkpoints %llu\n", st.checkpoints);
+	DMEMIT("commit_hold_us %llu\n",
+	       div_u64(READ_ONCE(dc->commit_hold_ns), NSEC_PER_USEC));
+	DMEMIT("commit_hold_max_us %llu\n",
+	       div_u64(READ_ONCE(dc->commit_hold_max_ns), NSEC_PER_USEC));
 	/* Percentages in hundredths, to stay in integer arithmetic. */
 	DMEMIT("dedup_ratio_x100 %llu\n",
 	       st.data_live ? div64_u64(st.mapped * 100, st.data_live) : 100);
@@ -637,7 +641,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 2, 0},
+	.version = {1, 3, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -20,7 +20,8 @@
 # "linear" stands for dm-linear over the data disk, the raw reference, and
 # KO:OPT,OPT adds table options (e.g. dm-dedup.ko:early_ack).
 # PROFILE_REPS=N first times N runs of each workload without perf (fresh
-# device each, the modules in turn) and prints their medians;
+# device each, the modules in turn) and prints their medians (each run's
+# stats message is kept in PROFILE_OUT/LABEL-WORKLOAD-repN.stats);
 # PROFILE_PERF=0 skips the profiles.
 set -euo pipefail
 
@@ -111,6 +112,8 @@ time_modules() { # time_modules WORKLOAD...
                 workload_opts "$w"
                 fresh_device
                 fio_run "$OUT/$label-$w-rep$i.fio"
+                [ "$KIND" = linear ] ||
+                    dmsetup message prof-dedup 0 stats >"$OUT/$label-$w-rep$i.stats"
                 dmsetup remove --retry prof-dedup
                 read -r mibs _ < <(fio_rate "$OUT/$label-$w-rep$i.fio")
                 echo "$mibs" >>"$OUT/$label-$w.rates"
@@ -136,7 +139,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
         fio_run "$OUT/$label-$w.fio" perf record -q -a -g -e cpu-clock -F 499 -o "$OUT/$label-$w.data" --
         fio_rate "$OUT/$label-$w.fio" | awk '{printf "fio: %s MiB/s, %s IOPS\n", $1, $2}'
         [ "$KIND" = linear ] ||
-            dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred'
+            dmsetup message prof-dedup 0 stats | grep -E 'unique_writes|duplicate_writes|deferred|checkpoints|commit_hold'
         dmsetup remove --retry prof-dedup
         echo "--- where the CPU time went (self time, top symbols) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \

@@ -62,8 +62,14 @@ def test_commit_message(make_dedup, seed):
     d = make_dedup(opts=["commit_interval", "3600"])
     write_ids(d.path, seed, [1, 2])
     t0 = d.status()["transaction_id"]
+    before = d.stats()
+    assert int(before["commit_hold_us"]) == int(before["commit_hold_max_us"]) == 0
     d.message("commit")
     assert d.status()["transaction_id"] > t0
+    # The commit held writers out for a while, and the stats say how long.
+    after = d.stats()
+    assert int(after["checkpoints"]) == int(before["checkpoints"]) + 1
+    assert 0 < int(after["commit_hold_max_us"]) <= int(after["commit_hold_us"]), after
 
 
 def test_stats_message(dedup, seed):
