@@ -1933,6 +1933,9 @@ static void dd_md_test_journal_replay(struct kunit *test)
 	dd_test_expect_unmapped(test, md, 3);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 3);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 2);
+	/* the blocks stored since the commit count, as after the replay */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 3);
 	dd_test_md_close(test, md);
 	dd_test_device_crcs(test, bdev, crcs[1]);
 	KUNIT_EXPECT_MEMEQ(test, crcs[0], crcs[1], sizeof(crcs[0]));
@@ -1945,6 +1948,7 @@ static void dd_md_test_journal_replay(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, st.transaction_id, txn + 2);
 	KUNIT_EXPECT_EQ(test, st.mapped, 3);
 	KUNIT_EXPECT_EQ(test, st.data_live, 3);
+	KUNIT_EXPECT_EQ(test, st.data_used, 3);
 	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 0, &got, false), 0);
 	KUNIT_EXPECT_EQ(test, got, pba2);
 	dd_test_expect_map(test, md, 1, pba1);

@@ -547,7 +547,12 @@ static int dd_apply(void *ctx, u8 type, u64 index, const void *value)
 	return 0;
 }
 
-/* A record kept in memory: only the map matters to reads. */
+/*
+ * A record kept in memory: only the map matters to reads. A read-only
+ * open also counts the data blocks stored since the last commit as used,
+ * as they are once a read-write open has replayed them; after an abort
+ * the running allocator already has them.
+ */
 static int dd_apply_overlay(void *ctx, u8 type, u64 index, const void *value)
 {
 	struct dd_metadata *md = ctx;
@@ -557,9 +562,14 @@ static int dd_apply_overlay(void *ctx, u8 type, u64 index, const void *value)
 		dd_replayed_counters(md, value);
 		return 0;
 	}
-	if (type != DD_JR_MAP)
+	if (type != DD_JR_MAP && type != DD_JR_REFCOUNT)
 		return 0;
 	v = le64_to_cpu(*(const __le64 *)value);
+	if (type == DD_JR_REFCOUNT) {
+		if (v && !md->aborted && !dd_space_is_used(&md->data, index))
+			dd_space_mark_used(&md->data, index);
+		return 0;
+	}
 	return xa_err(xa_store(&md->overlay, index, xa_mk_value(v),
 			       GFP_NOIO));
 }

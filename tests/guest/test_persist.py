@@ -100,3 +100,42 @@ def test_read_only_option(dedup, seed):
     verify_blocks(dedup.path, exp, nblocks=64)
     write_ids(dedup.path, seed, [999], start=40)
     assert dedup.status()["data_used"] == st1["data_used"] + 1
+
+
+def test_read_only_open_counts_what_the_journal_stored(backing, seed):
+    """A read-only open applies the journal in memory only. Its counters
+    must be those of the replayed state, as a read-write open shows them
+    after writing it: the blocks stored since the last commit count as
+    used data blocks (they did not, once: used fell below live)."""
+    meta_raw = backing.loop(16, "meta")
+    data = backing.loop(64, "data")
+    meta, sectors = ddlib.dm_linear("ddtpmeta", meta_raw)
+    dev = ddlib.DedupDev.create("ddtpro", meta, data, 128 * ddlib.MIB // 512,
+                                ["commit_interval", "3600"])
+    exp = write_ids(dev.path, seed, LAYOUT)
+    dev.commit()
+    exp.update(write_ids(dev.path, seed, [100 + i for i in range(48)], start=64))
+    with BlockDev(dev.path) as bd:
+        bd.fsync()                     # one journal append, no commit
+    # A crash: the final commit and the index save of the removal are lost.
+    ddlib.dm_swap_table("ddtpmeta", "0 %d flakey %s 0 0 1 1 drop_writes" % (sectors, meta_raw))
+    dev.remove()
+    ddlib.dm_swap_table("ddtpmeta", "0 %d linear %s 0" % (sectors, meta_raw))
+
+    ro = ddlib.DedupDev(dev.name, meta, data, dev.logical_sectors, ["read_only"])
+    ro.activate()
+    st, kv = ro.status(), ro.stats()
+    assert st["mode"] == "ro", st
+    assert int(kv["journal_blocks_replayed"]) > 0, kv
+    verify_blocks(ro.path, exp, nblocks=128)
+    ro.remove()
+    dev.activate()                     # replays into the trees
+    st_rw, kv_rw = dev.status(), dev.stats()
+    assert st_rw["mode"] == "rw", st_rw
+    verify_blocks(dev.path, exp, nblocks=128)
+    assert ddlib.counters(st) == ddlib.counters(st_rw), (st, st_rw)
+    for k in ("data_blocks_used", "data_blocks_live", "mapped_blocks"):
+        assert kv[k] == kv_rw[k], (k, kv[k], kv_rw[k])
+    assert int(kv["data_blocks_used"]) == 8 + 48, kv
+    dev.remove()
+    ddlib.run(["dmsetup", "remove", "ddtpmeta"])
