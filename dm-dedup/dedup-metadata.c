@@ -35,6 +35,12 @@
  * bm stays first: tools/kernel-compat's crash reaches the dm-bufio client
  * through it.
  */
+/* The device's name, for log lines; KUnit's metadata has none. */
+static const char *dd_cfg_name(const struct dd_md_config *cfg)
+{
+	return cfg->name ?: "metadata";
+}
+
 struct dd_metadata {
 	struct dd_bm *bm;
 	struct rw_semaphore lock;
@@ -85,6 +91,11 @@ struct dd_metadata {
 	bool overlaid;
 	struct dd_journal_replayed replayed;
 };
+
+static const char *dd_md_name(const struct dd_metadata *md)
+{
+	return dd_cfg_name(&md->cfg);
+}
 
 /* What format version 1 needs: the superblocks and the trees. */
 static u64 dd_trees_required(u64 logical_blocks, u64 data_blocks)
@@ -238,8 +249,8 @@ static int dd_journal_claim(struct dd_metadata *md)
 	for (; b < end; b++) {
 		if (dd_space_is_used(&md->bm->space, b) ||
 		    dd_space_mark_used(&md->bm->space, b)) {
-			DMERR("metadata block %llu: in the journal and used otherwise",
-			      b);
+			DMERR("%s: metadata block %llu: in the journal and used otherwise",
+			      dd_md_name(md), b);
 			return -EILSEQ;
 		}
 	}
@@ -637,12 +648,12 @@ static int dd_replay_trees(struct dd_metadata *md, char **error)
 		return r;
 	}
 	if (md->replayed.blocks)
-		DMINFO("journal replayed: %llu blocks, %llu records in %llu ms",
-		       md->replayed.blocks, md->replayed.records,
+		DMINFO("%s: journal replayed: %llu blocks, %llu records in %llu ms",
+		       dd_md_name(md), md->replayed.blocks, md->replayed.records,
 		       div_u64(ktime_get_ns() - t0, NSEC_PER_MSEC));
 	if (md->replayed.torn)
-		DMINFO("journal: %llu blocks of an append torn by a crash ignored",
-		       md->replayed.torn);
+		DMINFO("%s: journal: %llu blocks of an append torn by a crash ignored",
+		       dd_md_name(md), md->replayed.torn);
 	dd_space_reset(&md->bm->space);
 	return 0;
 }
@@ -663,8 +674,8 @@ static int dd_replay_read_only(struct dd_metadata *md, char **error)
 		return r;
 	}
 	if (md->overlaid)
-		DMINFO("journal of %llu blocks applied in memory only (read-only)",
-		       md->replayed.blocks);
+		DMINFO("%s: journal of %llu blocks applied in memory only (read-only)",
+		       dd_md_name(md), md->replayed.blocks);
 	return 0;
 }
 
@@ -713,10 +724,10 @@ static int dd_activate(struct dd_metadata *md, char **error)
 	}
 	if (scan.refs != md->mapped || scan.live != md->live ||
 	    scan.fingerprinted != scan.live) {
-		DMERR("metadata inconsistent: refcounts sum to %llu, mapped %llu",
-		      scan.refs, md->mapped);
-		DMERR("metadata inconsistent: %llu live blocks, expected %llu, %llu fingerprinted",
-		      scan.live, md->live, scan.fingerprinted);
+		DMERR("%s: metadata inconsistent: refcounts sum to %llu, mapped %llu",
+		      dd_md_name(md), scan.refs, md->mapped);
+		DMERR("%s: metadata inconsistent: live %llu, expected %llu, fingerprinted %llu",
+		      dd_md_name(md), scan.live, md->live, scan.fingerprinted);
 		*error = "metadata is inconsistent; run dedup check";
 		return -EILSEQ;
 	}
@@ -751,11 +762,11 @@ static int dd_grow(struct dd_metadata *md, char **error)
 		return r;
 	}
 	if (dd_grows(logical, sb->logical_blocks))
-		DMINFO("growing the logical size from %llu to %llu blocks",
-		       le64_to_cpu(sb->logical_blocks), logical);
+		DMINFO("%s: growing the logical size from %llu to %llu blocks",
+		       dd_md_name(md), le64_to_cpu(sb->logical_blocks), logical);
 	if (dd_grows(data, sb->data_blocks))
-		DMINFO("growing the data device from %llu to %llu blocks",
-		       le64_to_cpu(sb->data_blocks), data);
+		DMINFO("%s: growing the data device from %llu to %llu blocks",
+		       dd_md_name(md), le64_to_cpu(sb->data_blocks), data);
 	sb->logical_blocks = cpu_to_le64(logical);
 	sb->data_blocks = cpu_to_le64(data);
 	return 0;
@@ -770,8 +781,8 @@ static void dd_upgrade(struct dd_metadata *md)
 	int r = dd_journal_make(md);
 
 	if (!r) {
-		DMINFO("metadata format 2: journal of %llu blocks at block %llu",
-		       le64_to_cpu(md->sb.journal_blocks),
+		DMINFO("%s: metadata format 2: journal of %llu blocks at block %llu",
+		       dd_md_name(md), le64_to_cpu(md->sb.journal_blocks),
 		       le64_to_cpu(md->sb.journal_start));
 		return;
 	}
@@ -780,7 +791,8 @@ static void dd_upgrade(struct dd_metadata *md)
 	md->sb.journal_blocks = 0;
 	md->sb.journal_id = 0;
 	md->sb.journal_seq = 0;
-	DMWARN("metadata format 1 kept: no room for a journal; flushes commit");
+	DMWARN("%s: metadata format 1 kept: no room for a journal; flushes commit",
+	       dd_md_name(md));
 }
 
 /*
@@ -803,10 +815,11 @@ static int dd_commit_loaded(struct dd_metadata *md, char **error)
 	return r;
 }
 
-static int dd_too_small(u64 nr_blocks, u64 need, char **error)
+static int dd_too_small(const struct dd_md_config *cfg, u64 nr_blocks,
+			u64 need, char **error)
 {
-	DMERR("metadata device too small: %llu MiB, needs %llu MiB (%llu blocks)",
-	      nr_blocks >> 8, (need + 255) >> 8, need);
+	DMERR("%s: metadata device too small: %llu MiB, needs %llu MiB (%llu blocks)",
+	      dd_cfg_name(cfg), nr_blocks >> 8, (need + 255) >> 8, need);
 	*error = "metadata device too small";
 	return -EINVAL;
 }
@@ -824,7 +837,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	/* Format version 1 needs no journal: room for the trees will do. */
 	if (nr_blocks < dd_trees_required(cfg->logical_blocks,
 					  cfg->data_blocks))
-		return dd_too_small(nr_blocks, need, error);
+		return dd_too_small(cfg, nr_blocks, need, error);
 	md = kzalloc(sizeof(*md), GFP_KERNEL);
 	if (!md)
 		return -ENOMEM;
@@ -869,7 +882,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			goto bad;
 		}
 		if (nr_blocks < need) {
-			r = dd_too_small(nr_blocks, need, error);
+			r = dd_too_small(cfg, nr_blocks, need, error);
 			goto bad;
 		}
 		dd_array_init(&md->map, md->bm, DD_ARRAY_MAP, sizeof(__le64),
@@ -883,8 +896,8 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			*error = "cannot write the new superblock";
 			goto bad;
 		}
-		DMINFO("formatted metadata: %llu logical, %llu data, %llu metadata blocks",
-		       cfg->logical_blocks, cfg->data_blocks, nr_blocks);
+		DMINFO("%s: formatted metadata: %llu logical, %llu data, %llu metadata blocks",
+		       dd_md_name(md), cfg->logical_blocks, cfg->data_blocks, nr_blocks);
 	} else {
 		/*
 		 * A torn superblock write at a crash looks the same as a slot
@@ -892,8 +905,8 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		 * say which one the device is running from.
 		 */
 		if (st[1 - best] == DD_SB_BAD)
-			DMWARN("superblock slot %d is damaged; using slot %d (transaction %llu)",
-			       1 - best, best, le64_to_cpu(sbs[best].hdr.txn));
+			DMWARN("%s: superblock slot %d is damaged; using slot %d, transaction %llu",
+			       dd_md_name(md), 1 - best, best, le64_to_cpu(sbs[best].hdr.txn));
 		md->sb = sbs[best];
 		if (le32_to_cpu(md->sb.flags) & DD_SB_NEEDS_CHECK) {
 			md->needs_check = true;
@@ -904,7 +917,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		need = dd_trees_required(cfg->logical_blocks, cfg->data_blocks) +
 		       le64_to_cpu(md->sb.journal_blocks);
 		if (!r && nr_blocks < need)
-			r = dd_too_small(nr_blocks, need, error);
+			r = dd_too_small(cfg, nr_blocks, need, error);
 		/*
 		 * The next epoch starts two rings past the one read, beyond
 		 * every block an earlier instance may have written
@@ -981,8 +994,8 @@ static int dd_map_entry(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 	if (!x)
 		return -ENODATA;
 	if (x > md->cfg.data_blocks) {
-		DMERR_LIMIT("logical block %llu maps to physical block %llu beyond the data device",
-			    lba, x - 1);
+		DMERR_LIMIT("%s: logical block %llu maps to %llu, beyond the data device",
+			    dd_md_name(md), lba, x - 1);
 		return -EILSEQ;
 	}
 	*pba = x - 1;
@@ -1261,7 +1274,8 @@ static int dd_put_ref(struct dd_metadata *md, u64 pba,
 		*e = cpu_to_le32(rc - 1);
 	dd_bm_release_dirty(&leaf);
 	if (!rc) {
-		DMERR_LIMIT("physical block %llu: refcount underflow", pba);
+		DMERR_LIMIT("%s: physical block %llu: refcount underflow",
+			    dd_md_name(md), pba);
 		return -EILSEQ;
 	}
 	dd_note_word(md, DD_JR_REFCOUNT, pba, rc - 1);
@@ -1326,7 +1340,8 @@ static int dd_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 		*(__le32 *)e = cpu_to_le32(1);
 	dd_bm_release_dirty(&leaf);
 	if (rc) {
-		DMERR_LIMIT("physical block %llu: allocated while in use", pba);
+		DMERR_LIMIT("%s: physical block %llu: allocated while in use",
+			    dd_md_name(md), pba);
 		return -EILSEQ;
 	}
 	md->live++;
@@ -1774,7 +1789,8 @@ static void dd_abort(struct dd_metadata *md)
 	/* What flushes made durable since the last commit reads back. */
 	if (md->journaled && dd_journal_used(&md->jnl) &&
 	    dd_replay_overlay(md))
-		DMERR("cannot read back the journal after the abort: reads show the last commit");
+		DMERR("%s: journal unreadable after the abort: reads show the last commit",
+		      dd_md_name(md));
 }
 
 void dd_md_abort(struct dd_metadata *md)

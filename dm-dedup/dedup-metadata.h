@@ -53,6 +53,7 @@ typedef int (*dd_saved_ok_fn)(void *ctx, const struct dd_md_saved *saved,
 			      const struct dd_space *live, const char **why);
 
 struct dd_md_config {
+	const char *name;	/* the device's, for log lines; may be NULL */
 	u64 logical_blocks;
 	u64 data_blocks;
 	const char *hash_name;

@@ -389,6 +389,7 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 			    bool identity_only, char **error)
 {
 	struct dd_md_config cfg = {
+		.name = dd_name(dc),
 		.logical_blocks = dc->logical_blocks,
 		.data_blocks = dc->data_blocks,
 		.hash_name = dd_hasher_name(&dc->hasher),
