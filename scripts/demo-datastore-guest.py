@@ -43,6 +43,27 @@ def say(msg):
     print("demo: " + msg, flush=True)
 
 
+def trim_until_settled(dd, used_before, secs=60):
+    """fstrim on the server until the blocks it gives back stop growing;
+    returns the stats after the last one. nfsd keeps the files it served
+    open in its file cache for a while, and an unlinked file's extents
+    are freed only at its last close: a single trim right after the
+    delete can miss them."""
+    deadline = time.monotonic() + secs
+    last = None
+    while True:
+        os.sync()
+        out = run(["fstrim", "-v", EXPORT]).stdout.strip()
+        dd.commit()
+        st = dd.stats()
+        freed = used_before - int(st["data_blocks_used"])
+        if (freed > 0 and freed == last) or time.monotonic() > deadline:
+            say("fstrim: %s; %d blocks freed" % (out, freed))
+            return st
+        last = freed
+        time.sleep(2)
+
+
 def main(undo):
     n_images = int(os.environ.get("DEMO_IMAGES", "5"))
     os_mb = int(os.environ.get("DEMO_OS_MB", "64"))
@@ -124,10 +145,7 @@ def main(undo):
     victim = names[1]
     say("deleting %s on the datastore, fstrim on the server" % victim)
     os.unlink(os.path.join(MOUNT, victim))
-    os.sync()
-    run(["fstrim", "-v", EXPORT])
-    dd.commit()
-    st2 = dd.stats()
+    st2 = trim_until_settled(dd, int(st1["data_blocks_used"]))
 
     used = int(st1["data_blocks_used"]) - int(st0["data_blocks_used"])
     dups = int(st1["duplicate_writes"]) - int(st0["duplicate_writes"])
