@@ -9,6 +9,7 @@ target reopens at that commit with nothing corrupted.
 
 import errno
 import json
+import os
 import struct
 import time
 
@@ -113,6 +114,76 @@ def test_metadata_write_error_at_a_commit_turns_read_only(backing, seed):
             assert bd.read(lba) == ddlib.ZERO, "uncommitted lba %d" % lba
     committed = {lba: block_data(seed, lba) for lba in range(32)}
     reopen_healed(dd, "ddtfcmeta", sectors, meta_raw, committed, range(32, 96), seed)
+
+
+def test_metadata_writes_lost_ahead_of_a_commit_fail_it(backing, seed):
+    """The metadata device is a sparse file on a small tmpfs that fills up
+    (a thin-provisioned backing store out of space): writes to blocks the
+    file never held fail, while rewrites of the superblock slots and
+    flushes still succeed. The blocks a commit writes ahead are new ones;
+    their writes fail before the commit holds writers out, and dm-bufio
+    hands that error out once. The commit must still fail: had it gone on
+    to write the superblock, that would name blocks that never reached
+    the disk, and the next activation would find the device damaged."""
+    small = os.path.join(ddlib.TMPFS, "small-%d" % os.getpid())
+    os.makedirs(small)
+    run(["mount", "-t", "tmpfs", "-o", "size=24m", "dd-small", small])
+    meta_file, loop, dd = os.path.join(small, "meta.img"), None, None
+    try:
+        with open(meta_file, "wb") as f:
+            f.truncate(16 * ddlib.MIB)
+        loop = run(["losetup", "-f", "--show", meta_file]).stdout.strip()
+        data = backing.loop(DATA_MIB, "data")
+        dd = DedupDev.create("ddtfcfull", loop, data, LOGICAL_MIB * ddlib.MIB // 512,
+                             ["commit_interval", "3600"])
+        # Map leaves all over the device, committed; then a write next to
+        # each of them shadows its leaf, and the refcount and fingerprint
+        # leaves of the new blocks: new metadata blocks, on holes of the
+        # file. Each shadow keeps its original in the cache, clean: dm-bufio
+        # writes on its own only once dirty blocks outnumber clean ones
+        # three to one.
+        committed = {1361 * i: block_data(seed, 1361 * i) for i in range(24)}
+        lost = [lba + 1 for lba in committed]
+        with BlockDev(dd.path) as bd:
+            for lba, d in committed.items():
+                bd.write(lba, d)
+            bd.fsync()
+            dd.commit()
+            dd.commit()                # both superblock slots written
+            st = os.statvfs(small)
+            run(["fallocate", "-l", str(st.f_bavail * st.f_frsize),
+                 os.path.join(small, "filler")])
+            for lba in lost:
+                bd.write(lba, block_data(seed, lba))
+            with ddlib.Kmsg() as k:
+                p = dd.message("commit", check=False)
+                lines = k.lines()
+        assert p.returncode != 0, "the commit succeeded without its blocks on the disk"
+        assert dd.status()["mode"] == "ro"
+        assert any("metadata commit failed" in l or "background metadata write failed" in l
+                   for l in lines), lines[-8:]
+        dd.remove()
+        os.unlink(os.path.join(small, "filler"))
+        dd.activate()
+        st = dd.status()
+        assert st["mode"] == "rw", st["raw"]
+        assert st["mapped"] == len(committed), "reopened at a state other than the last commit"
+        with BlockDev(dd.path) as bd:
+            for lba, d in committed.items():
+                assert bd.read(lba) == d, "committed lba %d lost" % lba
+            for lba in lost:
+                assert bd.read(lba) == ddlib.ZERO, "uncommitted lba %d survived" % lba
+        dd.remove()
+        dd = None
+        p = run([ddlib.DEDUP_BIN, "check", loop], check=False)
+        assert p.returncode == 0, p.stdout + p.stderr
+    finally:
+        if dd is not None:
+            run(["dmsetup", "remove", "--retry", dd.name], check=False)
+        if loop:
+            run(["losetup", "-d", loop], check=False)
+        run(["umount", small], check=False)
+        os.rmdir(small)
 
 
 def test_data_read_error_is_passed_up(backing, seed):
