@@ -21,12 +21,13 @@ from ddlib import BLOCK, BlockDev, DedupDev, block_data, dm_linear, dm_swap_tabl
 META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 
 
-def reopen_healed(dd, meta_name, sectors, meta_raw, committed, lost, seed):
-    """The metadata disk is healthy again: the device reopens read-write
-    at its last commit (the blocks of @committed exactly, those of @lost
-    unwritten), takes a write and a flush, and is removed."""
+def reopen_healed(dd, heal, committed, lost, seed):
+    """Once @heal() made the metadata disk healthy again, the device
+    reopens read-write at its last commit (the blocks of @committed
+    exactly, those of @lost unwritten), takes a write and a flush, and is
+    removed."""
     dd.remove()
-    dm_swap_table(meta_name, "0 %d linear %s 0" % (sectors, meta_raw))
+    heal()
     dd.activate()
     st = dd.status()
     assert st["mode"] == "rw"
@@ -39,7 +40,10 @@ def reopen_healed(dd, meta_name, sectors, meta_raw, committed, lost, seed):
         bd.write(400, block_data(seed, 400))
         bd.fsync()
     dd.remove()
-    run(["dmsetup", "remove", meta_name])
+
+
+def relinear(meta_name, sectors, meta_raw):
+    return lambda: dm_swap_table(meta_name, "0 %d linear %s 0" % (sectors, meta_raw))
 
 
 def test_metadata_write_error_turns_read_only(backing, seed):
@@ -76,7 +80,8 @@ def test_metadata_write_error_turns_read_only(backing, seed):
         for lba in range(32, 48):
             assert bd.read(lba) in (ddlib.ZERO, block_data(seed, lba)), "lba %d" % lba
 
-    reopen_healed(dd, "ddtfmeta", sectors, meta_raw, before, range(32, 48), seed)
+    reopen_healed(dd, relinear("ddtfmeta", sectors, meta_raw), before, range(32, 48), seed)
+    run(["dmsetup", "remove", "ddtfmeta"])
 
 
 def test_metadata_write_error_at_a_commit_turns_read_only(backing, seed):
@@ -113,7 +118,8 @@ def test_metadata_write_error_at_a_commit_turns_read_only(backing, seed):
         for lba in range(32, 96):
             assert bd.read(lba) == ddlib.ZERO, "uncommitted lba %d" % lba
     committed = {lba: block_data(seed, lba) for lba in range(32)}
-    reopen_healed(dd, "ddtfcmeta", sectors, meta_raw, committed, range(32, 96), seed)
+    reopen_healed(dd, relinear("ddtfcmeta", sectors, meta_raw), committed, range(32, 96), seed)
+    run(["dmsetup", "remove", "ddtfcmeta"])
 
 
 def test_metadata_writes_lost_ahead_of_a_commit_fail_it(backing, seed):
@@ -162,18 +168,8 @@ def test_metadata_writes_lost_ahead_of_a_commit_fail_it(backing, seed):
         assert dd.status()["mode"] == "ro"
         assert any("metadata commit failed" in l or "background metadata write failed" in l
                    for l in lines), lines[-8:]
-        dd.remove()
-        os.unlink(os.path.join(small, "filler"))
-        dd.activate()
-        st = dd.status()
-        assert st["mode"] == "rw", st["raw"]
-        assert st["mapped"] == len(committed), "reopened at a state other than the last commit"
-        with BlockDev(dd.path) as bd:
-            for lba, d in committed.items():
-                assert bd.read(lba) == d, "committed lba %d lost" % lba
-            for lba in lost:
-                assert bd.read(lba) == ddlib.ZERO, "uncommitted lba %d survived" % lba
-        dd.remove()
+        reopen_healed(dd, lambda: os.unlink(os.path.join(small, "filler")),
+                      committed, lost, seed)
         dd = None
         p = run([ddlib.DEDUP_BIN, "check", loop], check=False)
         assert p.returncode == 0, p.stdout + p.stderr
