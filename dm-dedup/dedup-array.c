@@ -277,8 +277,8 @@ int dd_array_grow(struct dd_array *a, u64 nr_entries, void *leaf_buf)
 			return r;
 		if (memchr_inv((u8 *)leaf_buf + used * a->entry_size, 0,
 			       (a->per_leaf - used) * a->entry_size)) {
-			DMERR("array %u: non-zero entries past its end (%llu)",
-			      a->id, a->nr_entries);
+			DMERR("%s: array %u: non-zero entries past its end (%llu)",
+			      dd_bm_name(a->bm), a->id, a->nr_entries);
 			return -EILSEQ;
 		}
 	}
@@ -393,8 +393,9 @@ static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
 
 	r = dd_space_mark_used(&a->bm->space, b);
 	if (r) {
-		DMERR("metadata block %llu (array %u level %u): %s", b, a->id,
-		      level, r == -EEXIST ? "referenced twice" : "out of range");
+		DMERR("%s: metadata block %llu (array %u level %u): %s",
+		      dd_bm_name(a->bm), b, a->id, level,
+		      r == -EEXIST ? "referenced twice" : "out of range");
 		return -EILSEQ;
 	}
 	if (!level && !fn)
@@ -405,8 +406,8 @@ static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
 		return r;
 	/* Copy-on-write relies on committed blocks being older than now. */
 	if (le64_to_cpu(dd_hdr(&blk)->txn) >= a->bm->txn) {
-		DMERR("metadata block %llu: written by transaction %llu, after the last commit",
-		      b, le64_to_cpu(dd_hdr(&blk)->txn));
+		DMERR("%s: metadata block %llu: written by transaction %llu, after the last commit",
+		      dd_bm_name(a->bm), b, le64_to_cpu(dd_hdr(&blk)->txn));
 		dd_bm_release(&blk);
 		return -EILSEQ;
 	}
@@ -426,8 +427,8 @@ static int dd_walk(struct dd_array *a, u64 b, u8 level, u64 leaf_base,
 		if (!child)
 			continue;
 		if ((leaf_base + i * span) * a->per_leaf >= a->nr_entries) {
-			DMERR("metadata block %llu: child %u beyond the array end",
-			      b, i);
+			DMERR("%s: metadata block %llu: child %u beyond the array end",
+			      dd_bm_name(a->bm), b, i);
 			r = -EILSEQ;
 			break;
 		}

@@ -163,14 +163,14 @@ static int dd_check_txn(const struct dd_bm *bm, const struct dd_block *blk)
 	if (dd_is_fresh(bm, blk->nr)) {
 		if (txn == bm->txn)
 			return 0;
-		DMERR_LIMIT("metadata block %llu: write lost (transaction %llu, reads %llu)",
-			    blk->nr, bm->txn, txn);
+		DMERR_LIMIT("%s: metadata block %llu: write lost (transaction %llu, reads %llu)",
+			    dd_bm_name(bm), blk->nr, bm->txn, txn);
 		return -ESTALE;
 	}
 	if (txn < bm->txn)
 		return 0;
-	DMERR_LIMIT("metadata block %llu: transaction %llu, not older than the running %llu",
-		    blk->nr, txn, bm->txn);
+	DMERR_LIMIT("%s: metadata block %llu: transaction %llu, not older than %llu",
+		    dd_bm_name(bm), blk->nr, txn, bm->txn);
 	return -EILSEQ;
 }
 
@@ -183,13 +183,14 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 
 	if (!aux->validated) {
 		if (!dd_block_csum_ok(h)) {
-			DMERR_LIMIT("metadata block %llu: checksum mismatch",
-				    blk->nr);
+			DMERR_LIMIT("%s: metadata block %llu: checksum mismatch",
+				    dd_bm_name(bm), blk->nr);
 			return -EILSEQ;
 		}
 		if (le64_to_cpu(h->blocknr) != blk->nr) {
-			DMERR_LIMIT("metadata block %llu: claims to be block %llu",
-				    blk->nr, le64_to_cpu(h->blocknr));
+			DMERR_LIMIT("%s: metadata block %llu: claims to be block %llu",
+				    dd_bm_name(bm), blk->nr,
+				    le64_to_cpu(h->blocknr));
 			return -EILSEQ;
 		}
 		r = dd_check_txn(bm, blk);
@@ -199,9 +200,10 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 	}
 	if (le32_to_cpu(h->type) != kind->type || h->array != kind->array ||
 	    h->level != kind->level) {
-		DMERR_LIMIT("metadata block %llu: type %08x array %u level %u, expected %08x/%u/%u",
-			    blk->nr, le32_to_cpu(h->type), h->array, h->level,
-			    kind->type, kind->array, kind->level);
+		DMERR_LIMIT("%s: metadata block %llu: type %08x/%u/%u, expected %08x/%u/%u",
+			    dd_bm_name(bm), blk->nr, le32_to_cpu(h->type),
+			    h->array, h->level, kind->type, kind->array,
+			    kind->level);
 		return -EILSEQ;
 	}
 	return 0;
@@ -210,7 +212,8 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 static int dd_check_nr(struct dd_bm *bm, u64 nr)
 {
 	if (nr < DD_FIRST_TREE_BLOCK || nr >= bm->nr_blocks) {
-		DMERR_LIMIT("metadata block number %llu out of range", nr);
+		DMERR_LIMIT("%s: metadata block number %llu out of range",
+			    dd_bm_name(bm), nr);
 		return -EILSEQ;
 	}
 	return 0;
@@ -293,7 +296,7 @@ static int dd_bm_get_new(struct dd_bm *bm, struct dd_block *blk)
 
 	r = dd_space_alloc(&bm->space, &nr);
 	if (r) {
-		DMERR_LIMIT("metadata device is full");
+		DMERR_LIMIT("%s: metadata device is full", dd_bm_name(bm));
 		return r;
 	}
 	data = dm_bufio_new(bm->bufio, nr, &buf);
@@ -386,8 +389,8 @@ void dd_bm_settle(struct dd_bm *bm)
 	int r = dd_bm_write_all(bm);
 
 	if (r)
-		DMWARN_LIMIT("aborted transaction: write-out failed: %d (its blocks are free)",
-			     r);
+		DMWARN_LIMIT("%s: aborted transaction: write-out failed: %d (its blocks are free)",
+			     dd_bm_name(bm), r);
 	dd_forget_fresh(bm);
 }
 

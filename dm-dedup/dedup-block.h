@@ -30,6 +30,7 @@ struct dd_bm {
 	 */
 	unsigned long *fresh;
 	u64 fresh_lo, fresh_hi;
+	const char *name;		/* the device's, for log lines */
 	atomic_t writing_out;		/* in dd_bm_write_all() or ahead */
 	int ahead_error;		/* a write-ahead's, for the write-out */
 	unsigned long flags;		/* DD_BM_* bits */
@@ -86,6 +87,12 @@ int dd_bm_write_blocks(struct dd_bm *bm, u64 first, struct page **pages,
 
 u32 dd_block_csum(const void *data);
 bool dd_block_csum_ok(const void *data);
+
+/* For log lines: the device's name; KUnit's block managers have none. */
+static inline const char *dd_bm_name(const struct dd_bm *bm)
+{
+	return bm->name ?: "metadata";
+}
 
 static inline struct dd_block_header *dd_hdr(const struct dd_block *blk)
 {

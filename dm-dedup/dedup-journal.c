@@ -452,7 +452,8 @@ static int dd_replay_scan(struct dd_replay *rp, struct dd_journal_replayed *out,
 			break;
 		r = dd_replay_records(geo, p, NULL, NULL, &unused, &why);
 		if (r) {
-			DMERR("journal block %llu (sequence %llu) is damaged: %s",
+			DMERR("%s: journal block %llu (sequence %llu) is damaged: %s",
+			      dd_bm_name(rp->bm),
 			      le64_to_cpu(dd_jh(p)->hdr.blocknr),
 			      geo->epoch + i, why);
 			return r;

@@ -862,6 +862,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		*error = "cannot allocate metadata structures";
 		goto bad;
 	}
+	md->bm->name = cfg->name;
 
 	for (i = 0; i < DD_SB_SLOTS; i++) {
 		st[i] = dd_read_sb(md->bm, i, &sbs[i]);
