@@ -125,6 +125,14 @@ typedef struct { int unused; } spinlock_t;
 #define spin_lock_init(l) ((void)(l))
 #define spin_lock(l) ((void)(l))
 #define spin_unlock(l) ((void)(l))
+typedef struct { int counter; } atomic_t;
+#define atomic_read(a) ((a)->counter)
+#define atomic_inc(a) ((void)((a)->counter++))
+#define atomic_dec(a) ((void)((a)->counter--))
+/* One thread: an exchange is a read and a write. */
+#define xchg(p, v) ({ __typeof__(*(p)) __old = *(p); *(p) = (v); __old; })
+#define cmpxchg(p, o, n) ({ __typeof__(*(p)) __old = *(p); \
+			    if (__old == (o)) *(p) = (n); __old; })
 typedef struct { s64 counter; } atomic64_t;
 #define atomic64_set(a, v) ((a)->counter = (v))
 #define atomic64_read(a) ((a)->counter)
