@@ -8,6 +8,7 @@ starts.
 """
 
 import os
+import re
 import time
 
 import ddlib
@@ -39,15 +40,17 @@ def assert_commit(t, txn, data_written=(), appended=False):
     and commits"): the data device gets one empty flush and nothing else
     (but the bios @data_written, the data the commit is for), or nothing
     at all when every change was @appended to the journal already; the
-    metadata device gets the changed blocks, a flush, the superblock of
-    generation @txn in slot txn % 2, and a flush; nothing has FUA."""
+    metadata device gets the changed blocks written ahead and a flush,
+    the blocks changed since (if any) and a flush, the superblock of
+    generation @txn in slot txn % 2, and a flush; nothing has FUA.
+    Returns the number of tree blocks written."""
     data = [b for b in t.bios("data") if b.op != "R" and b not in data_written]
     assert [(b.op, b.preflush, b.sectors) for b in data] == \
         ([] if appended else [("W", True, 0)]), \
         "data device during a commit:\n" + describe(t, "data")
     meta = [b for b in t.bios("meta") if b.op != "R"]
     ops = "".join("F" if b.is_flush and not b.sectors else b.op for b in meta)
-    assert ops.endswith("FWF") and set(ops[:-3]) == {"W"}, \
+    assert re.fullmatch(r"W+FW*FWF", ops), \
         "metadata device during a commit (W = block, F = empty flush):\n" + \
         describe(t, "meta")
     sb = meta[-2]
@@ -57,7 +60,7 @@ def assert_commit(t, txn, data_written=(), appended=False):
     assert not any(b.fua for b in data + meta), "FUA in a commit"
     assert appended or data[0].seq < meta[0].seq, \
         "the data device was not flushed before the metadata was written"
-    return len(meta) - 3
+    return len(meta) - 4
 
 
 def assert_append(t, data_written=()):
