@@ -76,7 +76,7 @@ def main(undo):
     undo.append(lambda: ddlib.umount_tmpfs(T))
 
     disks = []
-    for name, size in (("ssd", "64M"), ("hdd", "2G")):
+    for name, size in (("ssd", "128M"), ("hdd", "2G")):
         path = os.path.join(T, name + ".img")
         run(["truncate", "-s", size, path])
         disks.append(run(["losetup", "-f", "--show", path]).stdout.strip())
