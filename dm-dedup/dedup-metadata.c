@@ -577,7 +577,8 @@ static int dd_apply_overlay(void *ctx, u8 type, u64 index, const void *value)
 		return 0;
 	v = le64_to_cpu(*(const __le64 *)value);
 	if (type == DD_JR_REFCOUNT) {
-		if (v && !md->aborted && !dd_space_is_used(&md->data, index))
+		/* -EEXIST: the trees have it already; nothing else to do */
+		if (v && !md->aborted)
 			dd_space_mark_used(&md->data, index);
 		return 0;
 	}
