@@ -8,7 +8,9 @@
 # Environment: PROFILE_BYTES (256M), BENCH_CACHE, SKIP_BUILD=1, and
 # PROFILE_MODULES="LABEL=KO ..." to profile several builds of the module in
 # one boot (default: this tree's), PROFILE_REPS=N to time N runs of each
-# workload without perf first, PROFILE_PERF=0 to time only.
+# workload without perf first, PROFILE_PERF=0 to time only, PROFILE_SYNC=1
+# to attach the two disks with cache=none (a guest flush is an fdatasync
+# of the disk's file on the host, as on the bench's datasync/metasync).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,9 +31,11 @@ CMD="export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") PROFILE_OUT=$(q "$OUT")
 export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}") PROFILE_MODULES=$(q "${PROFILE_MODULES:-}")
 export PROFILE_REPS=$(q "${PROFILE_REPS:-0}") PROFILE_PERF=$(q "${PROFILE_PERF:-1}")
 bash $(q "$REPO/tests/bench/profile.sh") $*"
+DRIVE=--drive
+[ "${PROFILE_SYNC:-0}" != 1 ] || DRIVE=--sync-drive
 rc=0
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-3600} "$REPO/scripts/guest-run.sh" --no-debug --memory 6G --rwdir "$OUT" \
-    --drive data="$CACHE/disks/prof-data.img" --drive meta="$CACHE/disks/prof-meta.img" \
+    "$DRIVE" data="$CACHE/disks/prof-data.img" "$DRIVE" meta="$CACHE/disks/prof-meta.img" \
     -- "$CMD" || rc=$?
 rm -f "$CACHE/disks/prof-data.img" "$CACHE/disks/prof-meta.img"
 exit "$rc"
