@@ -218,12 +218,15 @@ static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
 /*
  * When a run of new data finished its write (called at its completion):
  * a commit whose data flush began after this saw the write complete.
- * The barrier pairs with the one in dd_commit_flush_data().
+ * The barrier pairs with the one in dd_commit_flush_data(): either that
+ * flush sees this write counted, or this write sees that flush begun and
+ * waits for it (dd_data_covered).
  */
 u64 dd_flush_ticket(struct dedup_c *dc)
 {
-	/* The write's completion is seen before the count is read. */
-	smp_mb();
+	atomic64_inc(&dc->data_writes_done);
+	/* The write's completion is seen before the flush count is read. */
+	smp_mb__after_atomic();
 	return READ_ONCE(dc->flush_seq);
 }
 
@@ -267,14 +270,33 @@ static int dd_commit_needed(struct dedup_c *dc, bool *dirty)
  * What the new state points at must be stable before the state: flush
  * the data device, with no lock that writers need. Runs whose write
  * completes from here on wait for this commit (dd_data_covered).
+ *
+ * Not when no data write completed since the last flush that succeeded
+ * was issued: that flush covers every write the new state can point at
+ * (a run mapped now counted its write before this flush began, or it
+ * waits), so a flush after duplicates, discards or zero writes only
+ * costs the data device nothing. The first flush of an activation is
+ * always sent.
  */
 static int dd_commit_flush_data(struct dedup_c *dc)
 {
+	u64 done;
+	int r;
+
 	lockdep_assert_held(&dc->commit_mutex);
 	WRITE_ONCE(dc->flush_seq, dc->flush_seq + 1);
 	/* Counted before the flush is issued: see dd_flush_ticket(). */
 	smp_mb();
-	return blkdev_issue_flush(dc->data_dev->bdev);
+	done = atomic64_read(&dc->data_writes_done);
+	if (done == dc->data_writes_flushed) {
+		atomic64_inc(&dc->data_flushes_skipped);
+		return 0;
+	}
+	atomic64_inc(&dc->data_flushes);
+	r = blkdev_issue_flush(dc->data_dev->bdev);
+	if (!r)
+		dc->data_writes_flushed = done;
+	return r;
 }
 
 /* The metadata part, under the transaction lock held exclusive. */
@@ -529,6 +551,8 @@ void dd_commit_init(struct dedup_c *dc)
 	mutex_init(&dc->commit_mutex);
 	dc->flush_seq = 0;
 	dc->committed_seq = 0;
+	/* No count matches: the first flush goes out. */
+	dc->data_writes_flushed = U64_MAX;
 	dc->commit_hold_ns = 0;
 	dc->commit_hold_max_ns = 0;
 	INIT_LIST_HEAD(&dc->flush_waiters);
@@ -539,6 +563,9 @@ void dd_commit_init(struct dedup_c *dc)
 	atomic_set(&dc->reads_inflight, 0);
 	atomic_set(&dc->low_water_raised, 0);
 	atomic_set(&dc->checkpoint_wanted, 0);
+	atomic64_set(&dc->data_writes_done, 0);
+	atomic64_set(&dc->data_flushes, 0);
+	atomic64_set(&dc->data_flushes_skipped, 0);
 	init_waitqueue_head(&dc->reads_wait);
 	INIT_WORK(&dc->commit_work, dd_commit_work);
 	INIT_DELAYED_WORK(&dc->periodic_commit, dd_periodic_commit);

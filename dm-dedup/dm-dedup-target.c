@@ -146,6 +146,9 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	       div_u64(READ_ONCE(dc->commit_hold_ns), NSEC_PER_USEC));
 	DMEMIT("commit_hold_max_us %llu\n",
 	       div_u64(READ_ONCE(dc->commit_hold_max_ns), NSEC_PER_USEC));
+	DMEMIT("data_flushes %lld\n", atomic64_read(&dc->data_flushes));
+	DMEMIT("data_flushes_skipped %lld\n",
+	       atomic64_read(&dc->data_flushes_skipped));
 	/* Percentages in hundredths, to stay in integer arithmetic. */
 	DMEMIT("dedup_ratio_x100 %llu\n",
 	       st.data_live ? div64_u64(st.mapped * 100, st.data_live) : 100);
@@ -642,7 +645,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 3, 0},
+	.version = {1, 4, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

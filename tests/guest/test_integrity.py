@@ -107,6 +107,9 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
         for lba in range(16):
             bd.write(100 + lba, ddlib.block_data(seed, lba))
         assert dd.status()["duplicate_writes"] == 16
+        # One new block, written before the data device fails: the flush
+        # must cover it (after duplicates alone none would be sent).
+        bd.write(99, ddlib.block_data(seed, 99))
         ddlib.dm_swap_table("ddtidata", "0 %d flakey %s 0 0 1 1 error_writes" % (sectors, data_raw))
         with pytest.raises(OSError):
             bd.fsync()
@@ -116,6 +119,7 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
             assert bd.read(lba) == ddlib.block_data(seed, lba), "committed lba %d" % lba
             assert bd.read(100 + lba) == ddlib.ZERO, \
                 "lba %d shows the rolled-back transaction" % (100 + lba)
+        assert bd.read(99) == ddlib.ZERO, "lba 99 shows the rolled-back transaction"
     dd.suspend()
     before = ddlib.file_sha256(meta_file)
     run(["dmsetup", "reload", dd.name, "--table",
