@@ -14,8 +14,9 @@
 #                                  at another iodepth;
 #                                  randread: 4 KiB random reads after a fill
 #                                  of PROFILE_BYTES with 1 MiB writes;
-#                                  fsync: 4 KiB writes, an fsync after each,
-#                                  iodepth 1)
+#                                  fsync, fsync100: 4 KiB writes, an fsync
+#                                  after each, iodepth 1; unique data, or
+#                                  all duplicates)
 # Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
 # boot (before and after a change), default "dm-dedup=$DEDUP_KO"; the KO
@@ -89,6 +90,7 @@ workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
             opts=(--rw=randread --bs=4k --iodepth=32)
             fill=(--rw=write --bs=1M --iodepth=4) ;;
         fsync) opts=(--rw=write --bs=4k --iodepth=1 --fsync=1) ;;
+        fsync100) opts=(--rw=write --bs=4k --iodepth=1 --fsync=1 --dedupe_percentage=100) ;;
         *) echo "unknown workload $1" >&2; exit 2 ;;
     esac
 }
