@@ -127,6 +127,13 @@ def targets(res, groups):
                 med("seqwrite", dup, s), limit, 0.8)
     add("4 KiB random reads after a fill: dm-dedup / raw", med("randread", "after fill", "dedup"),
         med("randread", "after fill", "raw"), 0.9)
+    # Issue 14: an fsync after each write, on both pairs of disks.
+    for w, disks in (("fsync", "cache=unsafe"), ("fsync_sync", "cache=none")):
+        dd = med(w, "4k+fsync", "dedup")
+        add("4 KiB writes + fsync, %s: dm-dedup / raw IOPS" % disks, dd,
+            med(w, "4k+fsync", "raw"), 0.7)
+        add("4 KiB writes + fsync, %s: dm-dedup / dm-vdo IOPS" % disks, dd,
+            med(w, "4k+fsync", "vdo"), 3.0)
     disc = {d["stack"]: d for d in res.get("discard", [])}
     if "dedup" in disc and "vdo" in disc:
         out.append(("%d MiB discard of mapped data: dm-dedup / dm-vdo time" % (
