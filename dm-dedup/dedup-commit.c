@@ -289,10 +289,10 @@ static int dd_commit_flush_data(struct dedup_c *dc)
 	smp_mb();
 	done = atomic64_read(&dc->data_writes_done);
 	if (done == dc->data_writes_flushed) {
-		atomic64_inc(&dc->data_flushes_skipped);
+		WRITE_ONCE(dc->data_flushes_skipped,
+			   dc->data_flushes_skipped + 1);
 		return 0;
 	}
-	atomic64_inc(&dc->data_flushes);
 	r = blkdev_issue_flush(dc->data_dev->bdev);
 	if (!r)
 		dc->data_writes_flushed = done;
@@ -553,6 +553,7 @@ void dd_commit_init(struct dedup_c *dc)
 	dc->committed_seq = 0;
 	/* No count matches: the first flush goes out. */
 	dc->data_writes_flushed = U64_MAX;
+	dc->data_flushes_skipped = 0;
 	dc->commit_hold_ns = 0;
 	dc->commit_hold_max_ns = 0;
 	INIT_LIST_HEAD(&dc->flush_waiters);
@@ -564,8 +565,6 @@ void dd_commit_init(struct dedup_c *dc)
 	atomic_set(&dc->low_water_raised, 0);
 	atomic_set(&dc->checkpoint_wanted, 0);
 	atomic64_set(&dc->data_writes_done, 0);
-	atomic64_set(&dc->data_flushes, 0);
-	atomic64_set(&dc->data_flushes_skipped, 0);
 	init_waitqueue_head(&dc->reads_wait);
 	INIT_WORK(&dc->commit_work, dd_commit_work);
 	INIT_DELAYED_WORK(&dc->periodic_commit, dd_periodic_commit);

@@ -99,10 +99,11 @@ struct dedup_c {
 	u64 activation_ms;	/* opening the metadata and the index */
 
 	/* dedup-commit.c */
-	struct mutex commit_mutex;	/* a whole commit, and the five below */
+	struct mutex commit_mutex;	/* a whole commit, and the six below */
 	u64 flush_seq;		/* data flushes a commit started */
 	u64 committed_seq;	/* ... and finished; under lock too */
 	u64 data_writes_flushed;	/* data_writes_done at the last flush */
+	u64 data_flushes_skipped;	/* of flush_seq, those not sent */
 	/* how long commits held writers out, in total and at most at once */
 	u64 commit_hold_ns;
 	u64 commit_hold_max_ns;
@@ -111,8 +112,6 @@ struct dedup_c {
 	atomic_t low_water_raised;	/* set by a writer, cleared by commit */
 	atomic_t checkpoint_wanted;	/* the commit interval passed */
 	atomic64_t data_writes_done;	/* counted as each completes */
-	atomic64_t data_flushes;	/* sent to the data device ... */
-	atomic64_t data_flushes_skipped;	/* ... or found not needed */
 	struct workqueue_struct *commit_wq;
 	struct work_struct commit_work;
 	struct delayed_work periodic_commit;
