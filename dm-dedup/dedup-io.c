@@ -199,6 +199,9 @@ static void dd_write_done(struct dd_write *w)
 	if (w->css)
 		css_put(w->css);
 	mempool_free(w, &dc->write_pool);
+	/* Before the bio completes, which may bring its flush request. */
+	if (atomic_dec_and_test(&dc->writes_inflight))
+		dd_writes_idle(dc);
 	if (bio)
 		dd_complete_change(dc, bio, r);
 	else
@@ -247,10 +250,12 @@ static void dd_stored_work(struct work_struct *work)
 	struct llist_node *node = llist_reverse_order(llist_del_all(&dc->stored));
 	struct dd_write_block *runs[DD_STORED_RUNS];
 	unsigned int nr, blocks, len, done, i;
+	bool fua;
 
 	while (node) {
 		nr = 0;
 		blocks = 0;
+		fua = false;
 		while (node && nr < DD_STORED_RUNS) {
 			runs[nr] = llist_entry(node, struct dd_write_block,
 					       run_node);
@@ -258,9 +263,13 @@ static void dd_stored_work(struct work_struct *work)
 			if (nr && blocks + len > DD_STORED_BLOCKS)
 				break;
 			blocks += len;
+			fua |= runs[nr]->w->fua;
 			nr++;
 			node = node->next;
 		}
+		/* Its append needs the data flushed: start that now. */
+		if (fua)
+			dd_fua_data_written(dc);
 		done = dd_decide_stored_runs(dc, runs, nr);
 		for (i = 0; i < done; i++)
 			dd_run_finish(dc, runs[i]);
@@ -664,6 +673,7 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 	w->css = NULL;
 	w->nr = nr;
 	w->error = 0;
+	w->fua = bio->bi_opf & REQ_FUA;
 	w->pooled = false;
 	if (nr == 1) {
 		w->blk = &w->one;
@@ -679,6 +689,7 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 		pages = (struct page **)(w->blk + nr);
 	}
 	dd_data_copy(&dc->data_pool, bio, pages, nr);
+	atomic_inc(&dc->writes_inflight);
 	INIT_WORK(&w->work, dd_write_turn_work);
 	dd_cell_enter(&dc->cells, &w->cell, lba, lba + nr, dd_write_turn_ready);
 	/* One more than the blocks: the decision's, see dd_decide_and_act. */
@@ -723,6 +734,7 @@ void dd_io_init(struct dedup_c *dc)
 	bio_list_init(&dc->acked_flushes);
 	init_waitqueue_head(&dc->acked_wait);
 	dd_cells_init(&dc->cells);
+	atomic_set(&dc->writes_inflight, 0);
 	init_llist_head(&dc->to_write);
 	INIT_WORK(&dc->write_work, dd_write_runs_work);
 	init_llist_head(&dc->stored);

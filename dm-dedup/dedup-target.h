@@ -18,6 +18,7 @@
  *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
  *                                                   table
  *   dc->commit_lock    spinlock dedup-commit.c      flush and no-space waiters
+ *   dc->ahead_lock     spinlock dedup-commit.c      the data flush sent ahead
  *   dc->cells.lock     spinlock dedup-cell.c        logical block cells
  *
  * dc->lock is the transaction lock: every bio step that reads or changes
@@ -28,7 +29,9 @@
  * is held only to take, fill or drain its run, with no lock taken inside.
  * dc->index_lock is held for index and in-flight table operations only,
  * never across I/O or a metadata verb. dc->cells.lock is taken with none
- * of the others held, and only queues work under it. Each function that
+ * of the others held, and only queues work under it. dc->ahead_lock is
+ * taken with commit_mutex held or with none, also from the flush's
+ * completion. Each function that
  * relies on a lock asserts how it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
@@ -124,6 +127,15 @@ struct dedup_c {
 	atomic_t reads_inflight;
 	wait_queue_head_t reads_wait;
 	atomic64_t discard_passdown_blocks;
+	/* a data flush sent before a flush request needs it: dd_flush_ahead() */
+	spinlock_t ahead_lock;		/* protects the four below */
+	bool ahead_armed;		/* a flush request came since the last */
+	bool ahead_inflight;		/* ahead_bio is on its way */
+	u64 ahead_count;		/* data_writes_done when it was sent */
+	u64 ahead_flushed;		/* ... when the last that succeeded was */
+	struct bio ahead_bio;
+	wait_queue_head_t ahead_wait;	/* ahead_inflight went false */
+	atomic64_t data_flushes_ahead;
 
 	/* dedup-decide.c (the stats message reads the index's counts racily) */
 	spinlock_t index_lock;		/* protects the three below */
@@ -147,6 +159,7 @@ struct dedup_c {
 	struct work_struct stored_work;	/* maps them, a batch at a time */
 	mempool_t write_pool;		/* struct dd_write */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
+	atomic_t writes_inflight;	/* from their map to their end */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
 	/* writes acknowledged before they are done (early_ack) */
@@ -227,6 +240,7 @@ struct dd_write {
 	atomic_t hashing;		/* chunks of blocks still being hashed */
 	atomic_t pending;		/* blocks not yet done */
 	int error;			/* the first block's error that failed */
+	bool fua;			/* durable when it completes */
 	bool pooled;			/* blk came from dc->batch_pool */
 	struct dd_write_block one;	/* a one-block write needs no batch */
 	struct page *one_page;
@@ -296,6 +310,8 @@ int dd_commit_settled(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
 u64 dd_flush_ticket(struct dedup_c *dc);
+void dd_fua_data_written(struct dedup_c *dc);
+void dd_writes_idle(struct dedup_c *dc);
 bool dd_data_covered(struct dedup_c *dc, struct dd_write_block *run);
 void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r);

@@ -155,6 +155,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	smp_rmb();
 	DMEMIT("data_flushes %llu\n", READ_ONCE(dc->flush_seq) - skipped);
 	DMEMIT("data_flushes_skipped %llu\n", skipped);
+	DMEMIT("data_flushes_ahead %llu\n",
+	       (u64)atomic64_read(&dc->data_flushes_ahead));
 	/* Percentages in hundredths, to stay in integer arithmetic. */
 	DMEMIT("dedup_ratio_x100 %llu\n",
 	       st.data_live ? div64_u64(st.mapped * 100, st.data_live) : 100);
@@ -651,7 +653,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 4, 0},
+	.version = {1, 5, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -16,7 +16,8 @@
 #                                  of PROFILE_BYTES with 1 MiB writes;
 #                                  fsync, fsync100: 4 KiB writes, an fsync
 #                                  after each, iodepth 1; unique data, or
-#                                  all duplicates)
+#                                  all duplicates; fsync4: an fsync after
+#                                  every 4 unique writes)
 # Environment: PROFILE_BYTES (256M), PROFILE_OUT (directory), and the
 # module(s): PROFILE_MODULES="LABEL=KO ..." profiles each in turn in this
 # boot (before and after a change), default "dm-dedup=$DEDUP_KO"; the KO
@@ -91,6 +92,7 @@ workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
             fill=(--rw=write --bs=1M --iodepth=4) ;;
         fsync) opts=(--rw=write --bs=4k --iodepth=1 --fsync=1) ;;
         fsync100) opts=(--rw=write --bs=4k --iodepth=1 --fsync=1 --dedupe_percentage=100) ;;
+        fsync4) opts=(--rw=write --bs=4k --iodepth=1 --fsync=4) ;;
         *) echo "unknown workload $1" >&2; exit 2 ;;
     esac
 }

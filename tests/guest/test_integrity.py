@@ -107,9 +107,14 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
         for lba in range(16):
             bd.write(100 + lba, ddlib.block_data(seed, lba))
         assert dd.status()["duplicate_writes"] == 16
-        # One new block, written before the data device fails: the flush
-        # must cover it (after duplicates alone none would be sent).
+        # New blocks, written before the data device fails: the flush must
+        # cover them (after duplicates alone none would be sent). The first
+        # leaves the device idle after a flush request, so the data device
+        # is flushed ahead for it, successfully; the second needs the
+        # append's own flush, which fails.
         bd.write(99, ddlib.block_data(seed, 99))
+        bd.write(98, ddlib.block_data(seed, 98))
+        assert dd.stats()["data_flushes_ahead"] == "1"
         ddlib.dm_swap_table("ddtidata", "0 %d flakey %s 0 0 1 1 error_writes" % (sectors, data_raw))
         with pytest.raises(OSError):
             bd.fsync()
@@ -119,7 +124,9 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
             assert bd.read(lba) == ddlib.block_data(seed, lba), "committed lba %d" % lba
             assert bd.read(100 + lba) == ddlib.ZERO, \
                 "lba %d shows the rolled-back transaction" % (100 + lba)
-        assert bd.read(99) == ddlib.ZERO, "lba 99 shows the rolled-back transaction"
+        for lba in (98, 99):
+            assert bd.read(lba) == ddlib.ZERO, \
+                "lba %d shows the rolled-back transaction" % lba
     dd.suspend()
     before = ddlib.file_sha256(meta_file)
     run(["dmsetup", "reload", dd.name, "--table",

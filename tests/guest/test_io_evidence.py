@@ -191,6 +191,50 @@ def test_a_flush_appends_once_and_an_idle_flush_sends_nothing(make_dedup, seed):
                  "data flush; idle flush: no I/O" % changed)
 
 
+def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
+    """Documentation/dm-dedup.rst, "The journal": after a flush request,
+    the write that leaves the device idle gets the data device flushed
+    ahead, before its completion brings the next flush request, which
+    then sends no data flush of its own; once per flush request, so a
+    second write before the next request gets none."""
+    dev = lv_dedup(make_dedup)
+    with BlockDev(dev.path) as b:
+        b.write_range(0, [block_data(seed, i) for i in range(16)])
+        b.fsync()                                    # the request that arms it
+        ahead0 = stat(dev, "data_flushes_ahead")
+        sent0 = stat(dev, "data_flushes")
+        skipped0 = stat(dev, "data_flushes_skipped")
+        with trace(dev, top=True) as t:
+            b.write(100, block_data(seed, 100))
+            b.fsync()
+        data = [x for x in t.bios("data") if x.op != "R"]
+        assert [(x.op, x.preflush, x.sectors) for x in data] == \
+            [("W", False, SB_SECTORS), ("W", True, 0)], \
+            "data device for one write and an fsync:\n" + describe(t, "data")
+        flush = [x for x in t.bios("top") if x.is_flush and not x.sectors]
+        assert flush and data[1].seq < flush[0].seq, \
+            "the data flush was not sent before the fsync arrived:\n%s\n%s" % (
+                describe(t, "top"), describe(t, "data"))
+        assert_append(t, data_written=data[:1])
+        assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes"),
+                stat(dev, "data_flushes_skipped")) == (ahead0 + 1, sent0, skipped0 + 1)
+        # Two writes, then the request: the first disarms it, so the
+        # second's data needs the append's own flush.
+        with trace(dev) as t:
+            b.write(101, block_data(seed, 101))
+            b.write(102, block_data(seed, 102))
+            b.fsync()
+        data = [x for x in t.bios("data") if x.op != "R"]
+        assert [(x.op, x.preflush, x.sectors) for x in data] == \
+            [("W", False, SB_SECTORS), ("W", True, 0)] * 2, \
+            "data device for two writes and an fsync:\n" + describe(t, "data")
+        assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
+            (ahead0 + 2, sent0 + 1)
+        assert b.read_range(100, 3) == [block_data(seed, 100 + i) for i in range(3)]
+    ddlib.report("a write and an fsync after an fsync: the data flush went out "
+                 "ahead of the request; two writes: one ahead, one by the append")
+
+
 def test_discard_passdown_discards_freed_blocks_only(make_dedup, seed):
     dev = lv_dedup(make_dedup, opts=("discard_passdown",))
     shared = [block_data(seed, i) for i in range(8)]

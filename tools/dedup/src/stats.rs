@@ -436,12 +436,14 @@ fn journal_row(s: &Stats) -> Option<String> {
 
 /// How commits and appends went this activation (stats message, target
 /// 1.3.0 and later): how long commits held writes out, in all and at most
-/// at once, and the data device flushes sent or found not needed (1.4.0).
-const COMMIT_KEYS: [&str; 4] = [
+/// at once, the data device flushes sent or found not needed (1.4.0), and
+/// those sent ahead of a flush request (1.5.0).
+const COMMIT_KEYS: [&str; 5] = [
     "commit_hold_us",
     "commit_hold_max_us",
     "data_flushes",
     "data_flushes_skipped",
+    "data_flushes_ahead",
 ];
 
 fn millis(us: u64) -> String {
@@ -449,7 +451,7 @@ fn millis(us: u64) -> String {
 }
 
 /// The commits row: "held writes out 47.9 ms in all, 2.9 ms at most; data
-/// device flushed 12 times, 4 flushes not needed".
+/// device flushed 12 times (and 9 times ahead), 4 flushes not needed".
 fn commits_row(s: &Stats) -> Option<String> {
     let get = |k: &str| s.counters.get(k).and_then(|v| v.as_u64());
     let mut parts = Vec::new();
@@ -462,9 +464,13 @@ fn commits_row(s: &Stats) -> Option<String> {
         (Some(t), None) => parts.push(format!("held writes out {} in all", millis(t))),
         _ => {}
     }
+    let ahead = match get("data_flushes_ahead") {
+        Some(a) => format!(" (and {} ahead)", plural(a, "time")),
+        None => String::new(),
+    };
     match (get("data_flushes"), get("data_flushes_skipped")) {
         (Some(f), Some(k)) => parts.push(format!(
-            "data device flushed {}, {k} {} not needed",
+            "data device flushed {}{ahead}, {k} {} not needed",
             plural(f, "time"),
             if k == 1 { "flush" } else { "flushes" }
         )),
@@ -648,6 +654,14 @@ hash sha256
         );
         assert!(!text.contains("commit hold"), "{text}");
         assert!(!text.contains("data flushes"), "{text}");
+        // 1.5.0 counts the flushes sent ahead too.
+        let ahead = format!("{with}data_flushes_ahead 9\n");
+        let text = render(&combine("vol", st, Some(&parse_message(&ahead).unwrap())));
+        assert!(
+            text.contains("data device flushed 12 times (and 9 times ahead), 1 flush not needed"),
+            "{text}"
+        );
+        assert!(!text.contains("data flushes ahead"), "{text}");
         // 1.3.0 has the hold only; older kernels neither.
         let old = format!("{MESSAGE}commit_hold_us 5000\ncommit_hold_max_us 1000\n");
         let text = render(&combine("vol", st, Some(&parse_message(&old).unwrap())));
