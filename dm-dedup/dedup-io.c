@@ -7,8 +7,9 @@
  * hashing spreads over all CPUs; dedup-decide.c then decides all its
  * blocks in one pass, mapping duplicates and handing back runs of
  * physical blocks for new data, written here one bio per run. One work
- * item per device submits the runs of concurrent writes together, and
- * one maps those whose data writes completed, each a batch at a time.
+ * item per device submits the runs of concurrent writes together (a
+ * write alone in flight submits its own), and one maps those whose data
+ * writes completed, each a batch at a time.
  * Flushes and FUA writes complete at the next commit (dedup-commit.c).
  * With early_ack, a write is acknowledged once decided: see "writes
  * acknowledged early" below.
@@ -373,7 +374,11 @@ static void dd_write_runs_work(struct work_struct *work)
 	}
 }
 
-/* The @nr blocks at @run have consecutive physical blocks: one data bio. */
+/*
+ * The @nr blocks at @run have consecutive physical blocks: one data bio.
+ * When theirs is the only write in flight there is nothing to merge it
+ * with, and it goes out at once rather than after one more worker.
+ */
 static void dd_queue_run(struct dedup_c *dc, struct dd_write_block *run,
 			 unsigned int nr)
 {
@@ -381,6 +386,11 @@ static void dd_queue_run(struct dedup_c *dc, struct dd_write_block *run,
 
 	for (i = 0; i < nr; i++)
 		run[i].run_next = i + 1 < nr ? &run[i + 1] : NULL;
+	if (atomic_read(&dc->writes_inflight) == 1 &&
+	    llist_empty(&dc->to_write)) {
+		dd_submit_run(dc, run);
+		return;
+	}
 	if (llist_add(&run->run_node, &dc->to_write))
 		queue_work(dc->wq, &dc->write_work);
 }
