@@ -128,8 +128,9 @@ struct dedup_c {
 	wait_queue_head_t reads_wait;
 	atomic64_t discard_passdown_blocks;
 	/* a data flush sent before a flush request needs it: dd_flush_ahead() */
-	spinlock_t ahead_lock;		/* protects the four below */
-	bool ahead_armed;		/* a flush request came since the last */
+	spinlock_t ahead_lock;		/* protects the five below */
+	bool ahead_armed;		/* by the last flush request */
+	unsigned int ahead_idles;	/* dd_writes_idle() since that request */
 	bool ahead_inflight;		/* ahead_bio is on its way */
 	u64 ahead_count;		/* data_writes_done when it was sent */
 	u64 ahead_flushed;		/* ... when the last that succeeded was */

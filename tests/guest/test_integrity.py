@@ -100,8 +100,9 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
     opts = ["commit_interval", "3600"]
     dd = ddlib.DedupDev.create("ddtint", meta, data, logical, opts)
     with ddlib.BlockDev(dd.path) as bd:
-        for lba in range(16):
-            bd.write(lba, ddlib.block_data(seed, lba))
+        # One write, then the fsync: the fsync arms the flush sent ahead
+        # (it came right after the device went idle).
+        bd.write_range(0, [ddlib.block_data(seed, lba) for lba in range(16)])
         bd.fsync()
         # Duplicates change only metadata: no data write can fail first.
         for lba in range(16):
@@ -109,9 +110,8 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
         assert dd.status()["duplicate_writes"] == 16
         # New blocks, written before the data device fails: the flush must
         # cover them (after duplicates alone none would be sent). The first
-        # leaves the device idle after a flush request, so the data device
-        # is flushed ahead for it, successfully; the second needs the
-        # append's own flush, which fails.
+        # gets the data device flushed ahead, successfully; the second
+        # needs the append's own flush, which fails.
         bd.write(99, ddlib.block_data(seed, 99))
         bd.write(98, ddlib.block_data(seed, 98))
         assert dd.stats()["data_flushes_ahead"] == "1"

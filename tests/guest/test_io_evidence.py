@@ -192,15 +192,17 @@ def test_a_flush_appends_once_and_an_idle_flush_sends_nothing(make_dedup, seed):
 
 
 def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
-    """Documentation/dm-dedup.rst, "The journal": after a flush request,
-    the write that leaves the device idle gets the data device flushed
-    ahead, before its completion brings the next flush request, which
-    then sends no data flush of its own; once per flush request, so a
-    second write before the next request gets none."""
+    """Documentation/dm-dedup.rst, "The journal": a flush request that came
+    right after the device went idle arms a flush sent ahead: the next
+    write that leaves the device idle gets the data device flushed before
+    its completion brings the next request, which then sends no data
+    flush of its own. Once per request, so a second write before the next
+    request gets none; and a request after two idle moments does not arm
+    it."""
     dev = lv_dedup(make_dedup)
     with BlockDev(dev.path) as b:
         b.write_range(0, [block_data(seed, i) for i in range(16)])
-        b.fsync()                                    # the request that arms it
+        b.fsync()                                    # one write, then the request
         ahead0 = stat(dev, "data_flushes_ahead")
         sent0 = stat(dev, "data_flushes")
         skipped0 = stat(dev, "data_flushes_skipped")
@@ -230,9 +232,23 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
             "data device for two writes and an fsync:\n" + describe(t, "data")
         assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
             (ahead0 + 2, sent0 + 1)
-        assert b.read_range(100, 3) == [block_data(seed, 100 + i) for i in range(3)]
+        # That request came after two idle moments: the next write gets no
+        # flush ahead (it would not have covered the second write above);
+        # its request, after one, arms it again.
+        for lba, ahead, sent in ((103, 2, 2), (104, 3, 2)):
+            with trace(dev) as t:
+                b.write(lba, block_data(seed, lba))
+                b.fsync()
+            data = [x for x in t.bios("data") if x.op != "R"]
+            assert [(x.op, x.preflush, x.sectors) for x in data] == \
+                [("W", False, SB_SECTORS), ("W", True, 0)], \
+                "data device for one write and an fsync:\n" + describe(t, "data")
+            assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
+                (ahead0 + ahead, sent0 + sent), "write to lba %d" % lba
+        assert b.read_range(100, 5) == [block_data(seed, 100 + i) for i in range(5)]
     ddlib.report("a write and an fsync after an fsync: the data flush went out "
-                 "ahead of the request; two writes: one ahead, one by the append")
+                 "ahead of the request; two writes: one ahead, one by the append; "
+                 "after that, none ahead until a request follows one idle moment")
 
 
 def test_discard_passdown_discards_freed_blocks_only(make_dedup, seed):
