@@ -178,11 +178,11 @@ void dd_read_untrack(struct dedup_c *dc, struct dd_io *io)
 
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
 {
-	spin_lock_irq(&dc->ahead_lock);
+	spin_lock_irq(&dc->flush_lock);
 	/* See dd_writes_idle(). */
 	dc->ahead_armed = dc->ahead_idles <= 1;
 	dc->ahead_idles = 0;
-	spin_unlock_irq(&dc->ahead_lock);
+	spin_unlock_irq(&dc->flush_lock);
 	spin_lock_irq(&dc->commit_lock);
 	bio_list_add(&dc->commit_waiters, bio);
 	spin_unlock_irq(&dc->commit_lock);
@@ -238,6 +238,25 @@ u64 dd_flush_ticket(struct dedup_c *dc)
 	return READ_ONCE(dc->flush_seq);
 }
 
+/* Is every data write counted up to @done stable, by a flush that succeeded? */
+static bool dd_data_stable(struct dedup_c *dc, u64 done)
+{
+	lockdep_assert_held(&dc->flush_lock);
+	return dc->data_writes_flushed != U64_MAX &&
+	       dc->data_writes_flushed >= done;
+}
+
+/*
+ * A flush sent when data_writes_done was @done succeeded. A commit's and
+ * one sent ahead may complete in either order: the newest count stays.
+ */
+static void dd_data_flush_succeeded(struct dedup_c *dc, u64 done)
+{
+	lockdep_assert_held(&dc->flush_lock);
+	if (!dd_data_stable(dc, done))
+		dc->data_writes_flushed = done;
+}
+
 static void dd_flush_ahead_endio(struct bio *bio)
 {
 	struct dedup_c *dc = bio->bi_private;
@@ -245,13 +264,13 @@ static void dd_flush_ahead_endio(struct bio *bio)
 	unsigned long flags;
 
 	bio_uninit(bio);
-	spin_lock_irqsave(&dc->ahead_lock, flags);
+	spin_lock_irqsave(&dc->flush_lock, flags);
 	if (ok)
-		dc->ahead_flushed = dc->ahead_count;
+		dd_data_flush_succeeded(dc, dc->ahead_count);
 	dc->ahead_inflight = false;
 	/* Under the lock: a waiter may free dc once it sees the flush done. */
 	wake_up_all(&dc->ahead_wait);
-	spin_unlock_irqrestore(&dc->ahead_lock, flags);
+	spin_unlock_irqrestore(&dc->flush_lock, flags);
 }
 
 /*
@@ -259,28 +278,26 @@ static void dd_flush_ahead_endio(struct bio *bio)
  * written since the last flush and none is on its way (and, for an
  * @idle one, a flush request armed it): the append then finds it done
  * or on its way and waits for that instead of sending one and waiting
- * for all of it (dd_flushed_ahead). A failed one is not an error: the
+ * for all of it (dd_data_flush_covers). A failed one is not an error: the
  * append sends its own, which fails the append if it fails too.
  */
 static void dd_flush_ahead(struct dedup_c *dc, bool idle)
 {
 	u64 done;
 
-	spin_lock_irq(&dc->ahead_lock);
+	spin_lock_irq(&dc->flush_lock);
 	if (idle && dc->ahead_idles < UINT_MAX)
 		dc->ahead_idles++;
 	done = atomic64_read(&dc->data_writes_done);
 	if ((idle && !dc->ahead_armed) || dc->ahead_inflight ||
-	    done == dc->ahead_flushed ||
-	    done == READ_ONCE(dc->data_writes_flushed) ||
-	    READ_ONCE(dc->mode) != DD_MODE_RW) {
-		spin_unlock_irq(&dc->ahead_lock);
+	    dd_data_stable(dc, done) || READ_ONCE(dc->mode) != DD_MODE_RW) {
+		spin_unlock_irq(&dc->flush_lock);
 		return;
 	}
 	dc->ahead_armed = false;
 	dc->ahead_inflight = true;
 	dc->ahead_count = done;
-	spin_unlock_irq(&dc->ahead_lock);
+	spin_unlock_irq(&dc->flush_lock);
 
 	/* Ours until its completion: only one is on its way at a time. */
 	bio_init(&dc->ahead_bio, dc->data_dev->bdev, NULL, 0,
@@ -318,21 +335,21 @@ void dd_writes_idle(struct dedup_c *dc)
 }
 
 /*
- * Did a flush sent ahead cover every data write counted up to @done? One
- * on its way that was sent at @done or later is waited for: it went out
- * before the flush we would send, and covers as much.
+ * Did a flush that succeeded cover every data write counted up to @done?
+ * One sent ahead and still on its way, sent at @done or later, is waited
+ * for: it went out before the flush we would send, and covers as much.
  */
-static bool dd_flushed_ahead(struct dedup_c *dc, u64 done)
+static bool dd_data_flush_covers(struct dedup_c *dc, u64 done)
 {
 	bool covered;
 
 	lockdep_assert_held(&dc->commit_mutex);
-	spin_lock_irq(&dc->ahead_lock);
+	spin_lock_irq(&dc->flush_lock);
 	wait_event_lock_irq(dc->ahead_wait,
 			    !dc->ahead_inflight || dc->ahead_count < done,
-			    dc->ahead_lock);
-	covered = dc->ahead_flushed != U64_MAX && dc->ahead_flushed >= done;
-	spin_unlock_irq(&dc->ahead_lock);
+			    dc->flush_lock);
+	covered = dd_data_stable(dc, done);
+	spin_unlock_irq(&dc->flush_lock);
 	return covered;
 }
 
@@ -394,15 +411,17 @@ static int dd_commit_flush_data(struct dedup_c *dc)
 	/* Counted before the flush is issued: see dd_flush_ticket(). */
 	smp_mb();
 	done = atomic64_read(&dc->data_writes_done);
-	if (done == dc->data_writes_flushed || dd_flushed_ahead(dc, done)) {
-		WRITE_ONCE(dc->data_writes_flushed, done);
+	if (dd_data_flush_covers(dc, done)) {
 		WRITE_ONCE(dc->data_flushes_skipped,
 			   dc->data_flushes_skipped + 1);
 		return 0;
 	}
 	r = blkdev_issue_flush(dc->data_dev->bdev);
-	if (!r)
-		WRITE_ONCE(dc->data_writes_flushed, done);
+	if (!r) {
+		spin_lock_irq(&dc->flush_lock);
+		dd_data_flush_succeeded(dc, done);
+		spin_unlock_irq(&dc->flush_lock);
+	}
 	return r;
 }
 
@@ -658,8 +677,6 @@ void dd_commit_init(struct dedup_c *dc)
 	mutex_init(&dc->commit_mutex);
 	dc->flush_seq = 0;
 	dc->committed_seq = 0;
-	/* No count matches: the first flush goes out. */
-	dc->data_writes_flushed = U64_MAX;
 	dc->data_flushes_skipped = 0;
 	dc->commit_hold_ns = 0;
 	dc->commit_hold_max_ns = 0;
@@ -672,11 +689,12 @@ void dd_commit_init(struct dedup_c *dc)
 	atomic_set(&dc->low_water_raised, 0);
 	atomic_set(&dc->checkpoint_wanted, 0);
 	atomic64_set(&dc->data_writes_done, 0);
-	spin_lock_init(&dc->ahead_lock);
+	spin_lock_init(&dc->flush_lock);
+	/* No flush yet covers anything: the first one goes out. */
+	dc->data_writes_flushed = U64_MAX;
 	dc->ahead_armed = false;
 	dc->ahead_idles = 0;
 	dc->ahead_inflight = false;
-	dc->ahead_flushed = U64_MAX;
 	init_waitqueue_head(&dc->ahead_wait);
 	atomic64_set(&dc->data_flushes_ahead, 0);
 	init_waitqueue_head(&dc->reads_wait);
@@ -702,8 +720,8 @@ void dd_commit_stop(struct dedup_c *dc)
 	cancel_delayed_work_sync(&dc->periodic_commit);
 	flush_workqueue(dc->wq);
 	flush_workqueue(dc->commit_wq);
-	spin_lock_irq(&dc->ahead_lock);
+	spin_lock_irq(&dc->flush_lock);
 	wait_event_lock_irq(dc->ahead_wait, !dc->ahead_inflight,
-			    dc->ahead_lock);
-	spin_unlock_irq(&dc->ahead_lock);
+			    dc->flush_lock);
+	spin_unlock_irq(&dc->flush_lock);
 }

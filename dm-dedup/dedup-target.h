@@ -18,7 +18,9 @@
  *   dc->index_lock     spinlock dedup-decide.c      the index, the in-flight
  *                                                   table
  *   dc->commit_lock    spinlock dedup-commit.c      flush and no-space waiters
- *   dc->ahead_lock     spinlock dedup-commit.c      the data flush sent ahead
+ *   dc->flush_lock     spinlock dedup-commit.c      what the data flushes
+ *                                                   covered, the one sent
+ *                                                   ahead
  *   dc->cells.lock     spinlock dedup-cell.c        logical block cells
  *
  * dc->lock is the transaction lock: every bio step that reads or changes
@@ -29,10 +31,10 @@
  * is held only to take, fill or drain its run, with no lock taken inside.
  * dc->index_lock is held for index and in-flight table operations only,
  * never across I/O or a metadata verb. dc->cells.lock is taken with none
- * of the others held, and only queues work under it. dc->ahead_lock is
- * taken with commit_mutex held or with none, also from the flush's
- * completion. Each function that
- * relies on a lock asserts how it must be held.
+ * of the others held, and only queues work under it. dc->flush_lock is
+ * taken with commit_mutex held or with none, also from a flush's
+ * completion. Each function that relies on a lock asserts how it must be
+ * held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
  * unit that must decide a block of a write again (it waited for its twin
@@ -102,10 +104,9 @@ struct dedup_c {
 	u64 activation_ms;	/* opening the metadata and the index */
 
 	/* dedup-commit.c */
-	struct mutex commit_mutex;	/* a whole commit, and the six below */
+	struct mutex commit_mutex;	/* a whole commit, and the five below */
 	u64 flush_seq;		/* data flushes a commit started */
 	u64 committed_seq;	/* ... and finished; under lock too */
-	u64 data_writes_flushed;	/* data_writes_done at the last flush */
 	u64 data_flushes_skipped;	/* of flush_seq, those not sent */
 	/* how long commits held writers out, in total and at most at once */
 	u64 commit_hold_ns;
@@ -127,13 +128,17 @@ struct dedup_c {
 	atomic_t reads_inflight;
 	wait_queue_head_t reads_wait;
 	atomic64_t discard_passdown_blocks;
-	/* a data flush sent before a flush request needs it: dd_flush_ahead() */
-	spinlock_t ahead_lock;		/* protects the five below */
+	/*
+	 * What the data flushes covered, and the one sent before a flush
+	 * request needs it (dd_flush_ahead)
+	 */
+	spinlock_t flush_lock;		/* protects the five below */
+	/* the newest data_writes_done a flush that succeeded was sent at */
+	u64 data_writes_flushed;
 	bool ahead_armed;		/* by the last flush request */
 	unsigned int ahead_idles;	/* dd_writes_idle() since that request */
 	bool ahead_inflight;		/* ahead_bio is on its way */
 	u64 ahead_count;		/* data_writes_done when it was sent */
-	u64 ahead_flushed;		/* ... when the last that succeeded was */
 	struct bio ahead_bio;
 	wait_queue_head_t ahead_wait;	/* ahead_inflight went false */
 	atomic64_t data_flushes_ahead;
