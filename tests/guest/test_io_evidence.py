@@ -35,6 +35,21 @@ def stat(dev, key):
     return int(dev.stats()[key])
 
 
+def writes(t, role):
+    """The bios of @role that were not reads: writes, flushes, discards."""
+    return [b for b in t.bios(role) if b.op != "R"]
+
+
+def assert_writes_and_flushes(t, what, times=1):
+    """The data device got @times one 4 KiB write then one empty flush, and
+    nothing else. Returns those bios."""
+    data = writes(t, "data")
+    assert [(b.op, b.preflush, b.sectors) for b in data] == \
+        [("W", False, SB_SECTORS), ("W", True, 0)] * times, \
+        "data device for %s:\n%s" % (what, describe(t, "data"))
+    return data
+
+
 def assert_commit(t, txn, data_written=(), appended=False):
     """The commit sequence of Documentation/dm-dedup.rst ("Transactions
     and commits"): the data device gets one empty flush and nothing else
@@ -44,11 +59,11 @@ def assert_commit(t, txn, data_written=(), appended=False):
     the blocks changed since (if any) and a flush, the superblock of
     generation @txn in slot txn % 2, and a flush; nothing has FUA.
     Returns the number of tree blocks written."""
-    data = [b for b in t.bios("data") if b.op != "R" and b not in data_written]
+    data = [b for b in writes(t, "data") if b not in data_written]
     assert [(b.op, b.preflush, b.sectors) for b in data] == \
         ([] if appended else [("W", True, 0)]), \
         "data device during a commit:\n" + describe(t, "data")
-    meta = [b for b in t.bios("meta") if b.op != "R"]
+    meta = writes(t, "meta")
     ops = "".join("F" if b.is_flush and not b.sectors else b.op for b in meta)
     assert re.fullmatch(r"W+FW*FWF", ops), \
         "metadata device during a commit (W = block, F = empty flush):\n" + \
@@ -71,11 +86,11 @@ def assert_append(t, data_written=(), data_flush=True):
     device gets the journal's new blocks, written with FUA, and nothing
     else: no flush, no superblock, no tree block. Returns the number of
     journal blocks."""
-    data = [b for b in t.bios("data") if b.op != "R" and b not in data_written]
+    data = [b for b in writes(t, "data") if b not in data_written]
     assert [(b.op, b.preflush, b.sectors) for b in data] == \
         ([("W", True, 0)] if data_flush else []), \
         "data device during a flush:\n" + describe(t, "data")
-    meta = [b for b in t.bios("meta") if b.op != "R"]
+    meta = writes(t, "meta")
     assert meta and all(b.op == "W" and b.fua and not b.preflush and b.sectors
                         for b in meta), \
         "metadata device during a flush (journal blocks with FUA only):\n" + \
@@ -180,7 +195,7 @@ def test_a_flush_appends_once_and_an_idle_flush_sends_nothing(make_dedup, seed):
         fua = [x for x in t.bios("top") if x.op == "W" and x.sectors]
         assert len(fua) == 1 and fua[0].fua, "no FUA write reached the target:\n" + \
             describe(t, "top")
-        data = [x for x in t.bios("data") if x.op != "R"]
+        data = writes(t, "data")
         assert [(x.op, x.preflush, x.fua, x.sectors) for x in data] == \
             [("W", False, False, SB_SECTORS), ("W", True, False, 0)], \
             "data device for one FUA write:\n" + describe(t, "data")
@@ -209,10 +224,7 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
         with trace(dev, top=True) as t:
             b.write(100, block_data(seed, 100))
             b.fsync()
-        data = [x for x in t.bios("data") if x.op != "R"]
-        assert [(x.op, x.preflush, x.sectors) for x in data] == \
-            [("W", False, SB_SECTORS), ("W", True, 0)], \
-            "data device for one write and an fsync:\n" + describe(t, "data")
+        data = assert_writes_and_flushes(t, "one write and an fsync")
         flush = [x for x in t.bios("top") if x.is_flush and not x.sectors]
         assert flush and data[1].seq < flush[0].seq, \
             "the data flush was not sent before the fsync arrived:\n%s\n%s" % (
@@ -226,10 +238,7 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
             b.write(101, block_data(seed, 101))
             b.write(102, block_data(seed, 102))
             b.fsync()
-        data = [x for x in t.bios("data") if x.op != "R"]
-        assert [(x.op, x.preflush, x.sectors) for x in data] == \
-            [("W", False, SB_SECTORS), ("W", True, 0)] * 2, \
-            "data device for two writes and an fsync:\n" + describe(t, "data")
+        assert_writes_and_flushes(t, "two writes and an fsync", times=2)
         assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
             (ahead0 + 2, sent0 + 1)
         # That request came after two idle moments: the next write gets no
@@ -239,10 +248,7 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
             with trace(dev) as t:
                 b.write(lba, block_data(seed, lba))
                 b.fsync()
-            data = [x for x in t.bios("data") if x.op != "R"]
-            assert [(x.op, x.preflush, x.sectors) for x in data] == \
-                [("W", False, SB_SECTORS), ("W", True, 0)], \
-                "data device for one write and an fsync:\n" + describe(t, "data")
+            assert_writes_and_flushes(t, "one write and an fsync to lba %d" % lba)
             assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
                 (ahead0 + ahead, sent0 + sent), "write to lba %d" % lba
         assert b.read_range(100, 5) == [block_data(seed, 100 + i) for i in range(5)]
