@@ -36,7 +36,8 @@
 #   make           make (the module against the newest 6.12 headers)
 #   static         make static (W=1, sparse, checkpatch)
 #   dkms           scripts/dkms-check.sh
-#   tools          tools/run-tests.sh (cargo fmt, clippy, test)
+#   tools          tools/run-tests.sh (cargo fmt, clippy, test), and the
+#                  release build the guest suite runs (as tests/run-all.sh)
 #   guest-prereqs  what a guest run needs, checked without booting: vng, a
 #                  static busybox, file, QEMU from backports, the guest kernel
 #                  with its modules and headers, the modules the tests load,
@@ -498,7 +499,7 @@ do_install_deps_again() {
 do_make() { in_chroot 'make'; }
 do_static() { in_chroot 'make static'; }
 do_dkms() { in_chroot 'scripts/dkms-check.sh'; }
-do_tools() { in_chroot 'tools/run-tests.sh'; }
+do_tools() { in_chroot 'tools/run-tests.sh && cd tools && cargo build -q --release --bin dedup'; }
 do_kunit() { in_chroot 'scripts/kunit.sh'; }
 
 # shellcheck disable=SC2016
@@ -555,10 +556,10 @@ do_guest_prereqs() {
              iscsid iscsiadm qemu-img
         if /bin/python3 -c "import rtslib_fb" 2>/dev/null; then ok "rtslib_fb for /bin/python3 (LIO)"; else bad "rtslib_fb for /bin/python3 (python3-rtslib-fb)"; fi
         if /bin/python3 -c "import pytest" 2>/dev/null; then ok "pytest for /bin/python3 ($(/bin/python3 -m pytest --version 2>&1 | head -n 1))"; else bad "pytest for /bin/python3 (python3-pytest)"; fi
-        if [ -x tools/target/debug/dedup ] && tools/target/debug/dedup --version >/dev/null; then
-            ok "tools/target/debug/dedup ($(tools/target/debug/dedup --version))"
+        if [ -x tools/target/release/dedup ] && tools/target/release/dedup --version >/dev/null; then
+            ok "tools/target/release/dedup ($(tools/target/release/dedup --version))"
         else
-            bad "tools/target/debug/dedup (cd tools && cargo build)"
+            bad "tools/target/release/dedup (cd tools && cargo build --release)"
         fi
 
         echo "-- the initramfs: vng --dry-run builds it as a boot does, then stops before QEMU"

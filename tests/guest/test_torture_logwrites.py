@@ -42,8 +42,13 @@ from ddlib import BLOCK, MIB, ZERO, BlockDev, DedupDev, block_data, run
 
 META_MIB, DATA_MIB = 16, 48
 NB = 1024                       # raw workload: LBAs used (4 MiB)
-DB_LBAS, DB_FSYNCS = 16, 360    # the small-fsync workload
 TRIALS = ddlib.TORTURE_TRIALS
+# The small-fsync workload: LBAs, fsyncs, and crash points examined. Its
+# journal holds 64 blocks; 200 fsyncs wrap it three times, and 64 points
+# at about 3.7 s each keep the test near four minutes (make torture: 360
+# fsyncs, over five rings, and 120 points).
+DB_LBAS = 16
+DB_FSYNCS, DB_POINTS = (360, 120) if TRIALS else (200, 64)
 # Files per filesystem workload; make torture examines 40 per trial. With
 # the test command's 14, about 100 crash points: at 2.3 s each (the whole
 # test command then took 24 min) or the 4.5 to 5 s once seen on a loaded
@@ -444,8 +449,8 @@ def small_fsyncs_workload(rig, seed, n):
 
 def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
     """Many small fsyncs on a metadata device so small that its journal
-    holds about 150 blocks: the journal is checkpointed and wraps around
-    its ring twice. About 120 crash points, evenly spread, are examined
+    holds 64 blocks: the journal is checkpointed and wraps around its ring
+    at least twice. DB_POINTS crash points, evenly spread, are examined
     read-write (recovery replays the journal), every fourth of them also
     read-only (replay in memory): examining all of them would take a
     quarter of an hour."""
@@ -462,7 +467,7 @@ def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
     contents = Contents(seed)
     examined = 0
     try:
-        stride = max(1, len(points) // 120)
+        stride = max(1, len(points) // DB_POINTS)
         chosen = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
         for n, (k, m, formatted) in enumerate(img.distinct_points(chosen)):
             views = ([img.open_ro] if formatted and n % 4 == 0 else []) + [img.open_rw]
@@ -473,7 +478,7 @@ def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
             examined += 1
     finally:
         img.close()
-    assert examined >= 80, "only %d crash points examined" % examined
+    assert examined >= DB_POINTS * 2 // 3, "only %d crash points examined" % examined
     ddlib.METADATA_CHECKS += img.checked
     ddlib.report("log-writes small fsyncs: journal of %d blocks, %d written (%.1f rings), "
                  "%s checkpoints; %s (%d read-only, %d read-write activations), 0 failures" % (
