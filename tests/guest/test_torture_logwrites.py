@@ -45,8 +45,8 @@ NB = 1024                       # raw workload: LBAs used (4 MiB)
 TRIALS = ddlib.TORTURE_TRIALS
 # The small-fsync workload: LBAs, fsyncs, and crash points examined. Its
 # journal holds 64 blocks; 200 fsyncs wrap it three times, and 64 points
-# at about 3.7 s each keep the test near four minutes (make torture: 360
-# fsyncs, over five rings, and 120 points).
+# keep the test near three minutes (180 to 204 s measured; make torture:
+# 360 fsyncs, over five rings, and 120 points).
 DB_LBAS = 16
 DB_FSYNCS, DB_POINTS = (360, 120) if TRIALS else (200, 64)
 # Files per filesystem workload; make torture examines 40 per trial. With
