@@ -21,10 +21,12 @@
 # Documentation/benchmarks.rst includes.  A quick smoke run (BENCH_QUICK=1:
 # small sizes, one repetition, two images) writes to tests/out/bench/ instead.
 #
-# Environment: BENCH_REPS (3), BENCH_QUICK, BENCH_STACKS ("raw thin vdo
-# dedup"), BENCH_WORKLOADS ("seqwrite randwrite randread fsync fsync_sync
-# discard activation pool pool_sync"; the _sync ones repeat fsync and pool on
-# the cache=none disks), BENCH_CACHE (/var/cache/dm-dedup-bench; its file
+# Environment: BENCH_REPS (3), BENCH_ROUNDS (2: the write series' runs are
+# split over two fresh devices per stack, the stacks taking turns; 1 with
+# BENCH_QUICK), BENCH_QUICK, BENCH_STACKS ("raw thin vdo dedup"),
+# BENCH_WORKLOADS ("seqwrite randwrite randread fsync fsync_sync discard
+# activation pool pool_sync"; the _sync ones repeat fsync and pool on the
+# cache=none disks), BENCH_CACHE (/var/cache/dm-dedup-bench; its file
 # system must allow O_DIRECT), BENCH_OUT (result directory), BENCH_BEFORE (a
 # commit whose module runs as one more stack, "before"), BENCH_DATA_GIB (12),
 # BENCH_SYNC_DATA_GIB (the datasync disk, default BENCH_DATA_GIB),
@@ -46,9 +48,11 @@ QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
     OUT=${BENCH_OUT:-$REPO/tests/out/bench}
     REPS=${BENCH_REPS:-1}
+    ROUNDS=${BENCH_ROUNDS:-1}
 else
     OUT=${BENCH_OUT:-$REPO/Documentation/benchmarks}
     REPS=${BENCH_REPS:-3}
+    ROUNDS=${BENCH_ROUNDS:-2}
 fi
 DATA_GIB=${BENCH_DATA_GIB:-12}
 SYNC_DATA_GIB=${BENCH_SYNC_DATA_GIB:-$DATA_GIB}
@@ -142,7 +146,7 @@ PROFILE_MODULES+="${PROFILE_MODULES:+ }dm-dedup=$REPO/dm-dedup/dm-dedup.ko"
 case " $STACKS " in
     *" ack "*) PROFILE_MODULES+=" early_ack=$REPO/dm-dedup/dm-dedup.ko:early_ack" ;;
 esac
-CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_QUICK=$(q "$QUICK")
+CMD="export BENCH_OUT=$(q "$SCRATCH") BENCH_REPS=$(q "$REPS") BENCH_ROUNDS=$(q "$ROUNDS") BENCH_QUICK=$(q "$QUICK")
 export BENCH_STACKS=$(q "$STACKS") BENCH_BEFORE_KO=$(q "$BEFORE_KO") BENCH_BEFORE=$(q "${before:-}")
 export BENCH_DEDUP_OPTS=$(q "${BENCH_DEDUP_OPTS:-}")
 export BENCH_WORKLOADS=$(q "${BENCH_WORKLOADS:-seqwrite randwrite randread fsync fsync_sync discard activation pool pool_sync}")

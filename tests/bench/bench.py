@@ -19,7 +19,9 @@ thin, vdo and dedup get the same logical size (twice the data disk).
 
 Every fio run writes a region no earlier run of that stack touched, with
 its own random seed, so runs never duplicate one another.  The first run of
-each workload is a warm-up and is not counted.
+each workload is a warm-up and is not counted.  The sequential and random
+write series split their runs over BENCH_ROUNDS rounds (2), each on a fresh
+device with its own warm-up, the stacks taking turns within a round.
 
 Writes results to $BENCH_OUT/results.json (rewritten after each workload,
 so a failed run keeps what it measured) and a log to stdout.
@@ -41,6 +43,8 @@ MIB = 1 << 20
 OUT = os.environ.get("BENCH_OUT", "/tmp/bench-out")
 REPS = int(os.environ.get("BENCH_REPS", "3"))
 QUICK = os.environ.get("BENCH_QUICK", "0") == "1"
+# Rounds the write series' runs are split over (see write_series).
+ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "2")))
 STACKS = os.environ.get("BENCH_STACKS", "raw thin vdo dedup").split()
 # Table options of the "dedup" stack (the "before" stack runs without).
 DEDUP_OPTS = os.environ.get("BENCH_DEDUP_OPTS", "").split()
@@ -439,30 +443,45 @@ def check_dups(workload, param, stack, before, after, est):
 # --- workloads ----------------------------------------------------------------
 
 def write_series(stacks, data, meta, workload, params, fio_base, size, metric, unit):
+    """Each stack's measured runs, split over ROUNDS rounds of a fresh device
+    and a warm-up each; within a round the stacks take turns, in reverse order
+    on odd rounds.  A slow stretch of the host then costs one run of several
+    stacks, not a whole row: with one round, a stack's runs went back to
+    back, and one such stretch moved a published ratio by a third."""
+    per_round = -(-REPS // ROUNDS)
     for dup in params:
+        param = "%d%%" % dup
+        warm, runs, names, after = {}, {}, {}, {}
+        for rnd in range(ROUNDS):
+            for cls in stacks if rnd % 2 == 0 else stacks[::-1]:
+                s = fresh(cls, data, meta)
+                try:
+                    before = s.extra()
+                    io0 = io_snapshot(data, meta)
+                    for i in range(per_round + 1):
+                        seed = 1000 + 100 * dup + rnd * (per_round + 1) + i
+                        o = dict(fio_base, size=size, offset=i * size,
+                                 **data_opts(dup, seed))
+                        r = fio(s.dev, **o)
+                        (runs if i else warm).setdefault(cls, []).append(r)
+                    sh(["sync"])
+                    flush(s.dev)
+                    names[cls], after[cls] = s.name, s.extra()
+                    if rnd:
+                        continue
+                    # Amplification and duplicates: the first round's device.
+                    record_amplification(workload, param, s.name, (per_round + 1) * size,
+                                         io0, io_snapshot(data, meta))
+                    est = None
+                    if cls is Raw:
+                        est = estimate_region(s.dev, 0, (per_round + 1) * size)
+                    if cls in (Raw, Dedup, Vdo):
+                        check_dups(workload, param, s, before, after[cls], est)
+                finally:
+                    s.remove()
         for cls in stacks:
-            s = fresh(cls, data, meta)
-            try:
-                before = s.extra()
-                io0 = io_snapshot(data, meta)
-                runs = []
-                for i in range(REPS + 1):
-                    seed = 1000 + 100 * dup + i
-                    o = dict(fio_base, size=size, offset=i * size, **data_opts(dup, seed))
-                    runs.append(fio(s.dev, **o))
-                sh(["sync"])
-                flush(s.dev)
-                record_amplification(workload, "%d%%" % dup, s.name, (REPS + 1) * size,
-                                     io0, io_snapshot(data, meta))
-                after = s.extra()
-                est = None
-                if cls is Raw:
-                    est = estimate_region(s.dev, 0, (REPS + 1) * size)
-                record(workload, "%d%%" % dup, s.name, metric, unit, runs, extra=after)
-                if cls in (Raw, Dedup, Vdo):
-                    check_dups(workload, "%d%%" % dup, s, before, after, est)
-            finally:
-                s.remove()
+            record(workload, param, names[cls], metric, unit, warm[cls][:1] + runs[cls],
+                   extra=dict(after[cls], warmups=[w[metric] for w in warm[cls]]))
         save()
 
 
@@ -883,7 +902,7 @@ def main():
     RESULTS["machine"] = versions()
     RESULTS["machine"].update(cpu_reference())
     log("guest CPU: %s" % {k: v for k, v in RESULTS["machine"].items() if "per_sec" in k})
-    RESULTS["config"] = {"reps": REPS, "quick": QUICK, "stacks": STACKS,
+    RESULTS["config"] = {"reps": REPS, "rounds": ROUNDS, "quick": QUICK, "stacks": STACKS,
                          "before_commit": os.environ.get("BENCH_BEFORE", ""),
                          "dedup_opts": DEDUP_OPTS,
                          "workloads": WORKLOADS, "seq_bytes": SEQ_BYTES,

@@ -395,7 +395,11 @@ def main():
         ["fio / vdo tools", "%s / %s" % (mach["fio"], mach["vdo_tools"])],
         ["dm-dedup commit", mach.get("commit", "-")],
     ] + disks + [
-        ["repetitions", "%d measured after 1 warm-up; medians, min-max" % cfg["reps"]],
+        ["repetitions", "%d measured after 1 warm-up; medians, min-max" % cfg["reps"] + (
+            "; the write series: %d rounds of %d, each on a fresh device after its own "
+            "warm-up, the stacks taking turns" % (
+                cfg["rounds"], -(-cfg["reps"] // cfg["rounds"]))
+            if cfg.get("rounds", 1) > 1 else "")],
         ["run time", "%.0f min in the guest" % (res.get("total_secs", 0) / 60)],
     ]))
     doc.append("")
