@@ -112,6 +112,7 @@ static int dd_find_leaf(struct dd_array *a, u64 leaf_nr, bool nowait, u64 *nr)
 int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
 {
 	struct dd_block leaf;
+	const u8 *src;
 	u64 leaf_nr, b;
 	u32 slot;
 	int r;
@@ -129,9 +130,49 @@ int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
 	r = dd_read(a, b, 0, nowait, &leaf);
 	if (r)
 		return r;
-	memcpy(entry, (u8 *)dd_payload(&leaf) + slot * a->entry_size,
-	       a->entry_size);
+	src = (u8 *)dd_payload(&leaf) + slot * a->entry_size;
+	/*
+	 * A word in a fresh leaf may change in place while we read it
+	 * (dd_array_fresh_entry): read it whole, never half old, half new.
+	 */
+	if (a->entry_size == sizeof(u64))
+		*(u64 *)entry = READ_ONCE(*(const u64 *)src);
+	else if (a->entry_size == sizeof(u32))
+		*(u32 *)entry = READ_ONCE(*(const u32 *)src);
+	else
+		memcpy(entry, src, a->entry_size);
 	dd_bm_release(&leaf);
+	return 0;
+}
+
+/*
+ * Entry @index held for a change in place, with @entry pointing into
+ * @leaf, if the running transaction already wrote that leaf: no commit
+ * references it, so the change needs no shadowing and no change to its
+ * path, and may be made under a lock the array's readers share (word
+ * stores, see dd_array_lookup). -EAGAIN when the leaf is absent or
+ * older: dd_array_update() then makes it writable. The caller releases
+ * the leaf, with dd_bm_release_dirty() if it changed the entry.
+ */
+int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
+			 void **entry)
+{
+	u64 leaf_nr, b;
+	u32 slot;
+	int r;
+
+	if (index >= a->nr_entries)
+		return -ERANGE;
+	leaf_nr = div_u64_rem(index, a->per_leaf, &slot);
+	r = dd_find_leaf(a, leaf_nr, false, &b);
+	if (r)
+		return r;
+	if (!b || !dd_bm_is_fresh(a->bm, b))
+		return -EAGAIN;
+	r = dd_read(a, b, 0, false, leaf);
+	if (r)
+		return r;
+	*entry = (u8 *)dd_payload(leaf) + slot * a->entry_size;
 	return 0;
 }
 

@@ -35,6 +35,8 @@ int dd_array_grow(struct dd_array *a, u64 nr_entries, void *leaf_buf);
 int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait);
 int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
 		    void **entry);
+int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
+			 void **entry);
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
 /*
  * The indices in leaf @leaf_nr whose entry equals @value, at most @max of

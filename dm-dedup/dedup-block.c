@@ -109,7 +109,12 @@ void dd_bm_destroy(struct dd_bm *bm)
 	kfree(bm);
 }
 
-static bool dd_is_fresh(const struct dd_bm *bm, u64 nr)
+/*
+ * Was block @nr written by the running transaction? No commit references
+ * such a block, so it changes in place. Callers hold the metadata lock,
+ * shared at least: the bits change under it held exclusive.
+ */
+bool dd_bm_is_fresh(const struct dd_bm *bm, u64 nr)
 {
 	return nr < bm->nr_blocks && test_bit(nr, bm->fresh);
 }
@@ -160,7 +165,7 @@ static int dd_check_txn(const struct dd_bm *bm, const struct dd_block *blk)
 {
 	u64 txn = le64_to_cpu(dd_hdr(blk)->txn);
 
-	if (dd_is_fresh(bm, blk->nr)) {
+	if (dd_bm_is_fresh(bm, blk->nr)) {
 		if (txn == bm->txn)
 			return 0;
 		DMERR_LIMIT("%s: metadata block %llu: write lost (transaction %llu, reads %llu)",
@@ -339,7 +344,7 @@ int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
 	r = dd_bm_read(bm, nr, kind, &old);
 	if (r)
 		return r;
-	if (dd_is_fresh(bm, nr)) {
+	if (dd_bm_is_fresh(bm, nr)) {
 		*blk = old;
 		return 0;
 	}

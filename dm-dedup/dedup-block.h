@@ -65,6 +65,7 @@ int dd_bm_new(struct dd_bm *bm, const struct dd_block_kind *kind,
 	      struct dd_block *blk);
 int dd_bm_shadow(struct dd_bm *bm, u64 nr, const struct dd_block_kind *kind,
 		 struct dd_block *blk);
+bool dd_bm_is_fresh(const struct dd_bm *bm, u64 nr);
 void dd_bm_prefetch(struct dd_bm *bm, u64 nr, u64 count);
 void dd_bm_release(struct dd_block *blk);
 void dd_bm_release_dirty(struct dd_block *blk);

@@ -155,6 +155,26 @@ static int dd_test_map_dup(struct kunit *test, struct dd_metadata *md,
 			     &f);
 }
 
+/* As dd_test_map_dup, the way the target shares: by fingerprint leaf. */
+static int dd_test_share_known(struct kunit *test, struct dd_metadata *md,
+			       u64 lba, u64 pba)
+{
+	u8 fp[DD_FP_SIZE] = {};
+	struct dd_md_dup d = {
+		.lba = lba, .leaf = pba / (DD_PAYLOAD_SIZE / DD_FP_SIZE),
+		.fp = fp, .pba = U64_MAX,
+	};
+	struct dd_md_freed f;
+	unsigned int done = 0;
+
+	KUNIT_EXPECT_EQ(test, dd_md_get_fingerprint(md, pba, fp), 0);
+	dd_md_map_duplicates(md, &d, 1, &done, &f);
+	KUNIT_EXPECT_EQ(test, done, 1);
+	if (d.r >= 0)
+		KUNIT_EXPECT_EQ(test, d.pba, pba);
+	return dd_test_freed(test, d.r, &f);
+}
+
 static int dd_test_map_zero(struct kunit *test, struct dd_metadata *md,
 			    u64 lba)
 {
@@ -1893,6 +1913,109 @@ static u64 dd_test_journal_block(struct kunit *test, struct block_device *bdev,
 }
 
 /*
+ * Shares and zero blocks into leaves the running transaction already
+ * wrote are made in place with the metadata lock shared, also over a
+ * block that keeps a reference; the first share after a commit (it
+ * copies the leaves) and a change that frees a block take the lock
+ * exclusive. Either way the result, and what the journal replays after a
+ * crash, are the same.
+ */
+static void dd_md_test_in_place(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_md_dup d[3] = {};
+	u8 fp[3][DD_FP_SIZE] = {};
+	struct dd_md_stats st;
+	struct dd_md_freed f;
+	unsigned int done = 0;
+	u64 p0, p1, p2;
+
+	p0 = dd_test_write(test, md, 0, 1);
+	p1 = dd_test_write(test, md, 1, 2);
+	p2 = dd_test_write(test, md, 2, 3);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 10, p0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 11, p0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 12, p2), 0);
+	/* over p2, which keeps the reference of block 2 */
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 12, p0), 0);
+	/* a block that already shares it */
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 11, p0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0), 4);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 1);
+	/* over the last reference of p1 */
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 1, p0), 0);
+	KUNIT_EXPECT_EQ(test, ev->freed, 1);
+	KUNIT_EXPECT_EQ(test, ev->freed_pba[0], p1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 4);
+
+	/* a batch with a soft miss between two shares made in place */
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, p2, fp[0]), 0);
+	dd_test_fp(fp[1], 99);
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, p0, fp[2]), 0);
+	d[0] = (struct dd_md_dup){ .lba = 20, .fp = fp[0] };
+	d[1] = (struct dd_md_dup){ .lba = 21, .fp = fp[1] };
+	d[2] = (struct dd_md_dup){ .lba = 22, .fp = fp[2] };
+	dd_md_map_duplicates(md, d, 3, &done, &f);
+	KUNIT_EXPECT_EQ(test, done, 3);
+	KUNIT_EXPECT_EQ(test, d[0].r, 0);
+	KUNIT_EXPECT_EQ(test, d[0].pba, p2);
+	KUNIT_EXPECT_EQ(test, d[1].r, -ENOENT);
+	KUNIT_EXPECT_EQ(test, d[2].r, 0);
+	KUNIT_EXPECT_EQ(test, d[2].pba, p0);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.in_place_changes, 6);
+	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 8);
+	KUNIT_EXPECT_EQ(test, st.mapped, 8);
+
+	/*
+	 * Zero blocks, in place: over an unmapped block, and over blocks
+	 * whose block keeps a reference (p0; p2, held twice).
+	 */
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 30), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 22), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 20), 0);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.in_place_changes, 9);
+	KUNIT_EXPECT_EQ(test, st.zero_writes, 3);
+	KUNIT_EXPECT_EQ(test, st.mapped, 6);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 1);
+	/* the last reference of p2: freed, the exclusive way */
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 2), 0);
+	KUNIT_EXPECT_EQ(test, ev->freed, 2);
+	KUNIT_EXPECT_EQ(test, ev->freed_pba[1], p2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 9);
+	dd_test_append(test, md);
+	dd_test_md_close(test, md);		/* a crash after the append */
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 5);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).duplicate_writes, 8);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).zero_writes, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0), 5);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p1), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 0);
+	dd_test_expect_map(test, md, 0, p0);
+	dd_test_expect_map(test, md, 1, p0);
+	dd_test_expect_unmapped(test, md, 2);
+	dd_test_expect_map(test, md, 10, p0);
+	dd_test_expect_map(test, md, 11, p0);
+	dd_test_expect_map(test, md, 12, p0);
+	dd_test_expect_unmapped(test, md, 20);
+	dd_test_expect_unmapped(test, md, 21);
+	dd_test_expect_unmapped(test, md, 22);
+	dd_test_expect_unmapped(test, md, 30);
+}
+
+/*
  * A crash after two appends and a change never appended: the next open
  * replays the appends onto the last commit and checkpoints the result;
  * the change that no flush covered is gone. A read-only open first sees
@@ -2134,6 +2257,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_saved),
 	KUNIT_CASE(dd_md_test_saved_refused),
 	KUNIT_CASE(dd_md_test_journal_replay),
+	KUNIT_CASE(dd_md_test_in_place),
 	KUNIT_CASE(dd_md_test_journal_torn),
 	KUNIT_CASE(dd_md_test_journal_upgrade),
 	KUNIT_CASE_SLOW(dd_md_test_journal_wrap),

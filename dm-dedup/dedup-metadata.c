@@ -25,6 +25,12 @@
  * md->lock guards everything in here but the data allocator: lookups take
  * it shared, changes, commits and aborts exclusive. It nests inside the
  * target's transaction lock (dedup-target.h) and outside dm-bufio's.
+ * Two changes are made with md->lock held shared: a share or a zero
+ * block whose map and refcount entries lie in leaves the running
+ * transaction already wrote, and that frees nothing, changes those
+ * entries in place (dd_share_in_place, dd_zero_in_place). Such changes
+ * serialize on md->change_lock, which also guards the accounting below
+ * against them; it nests inside md->lock and outside md->data_lock.
  * md->data_lock guards md->data alone, so that handing out a block for new
  * data needs no trip through md->lock; it nests inside md->lock, and so
  * does the journal's lock (dedup-journal.h). Most new blocks do not take
@@ -44,6 +50,7 @@ static const char *dd_cfg_name(const struct dd_md_config *cfg)
 struct dd_metadata {
 	struct dd_bm *bm;
 	struct rw_semaphore lock;
+	struct mutex change_lock;	/* changes in place, see above */
 	struct mutex data_lock;	/* md->data alone, see above */
 	struct dd_array map;		/* __le64: PBA + 1, 0 = unmapped */
 	struct dd_array refcount;	/* __le32 */
@@ -67,6 +74,7 @@ struct dd_metadata {
 	u64 duplicate_writes;
 	u64 zero_writes;
 	u64 discarded;
+	u64 in_place_changes;	/* not journaled: this instance's */
 
 	bool dirty;
 	bool read_only;	/* asked for, or after a failure: no more changes */
@@ -271,7 +279,9 @@ static void dd_journal_claim_saved(struct dd_metadata *md)
 static void dd_note(struct dd_metadata *md, u8 type, u64 index,
 		    const void *value, size_t len)
 {
-	lockdep_assert_held_write(&md->lock);
+	/* The order of the notes is the order of the changes. */
+	lockdep_assert(lockdep_is_held_type(&md->lock, 0) ||
+		       lockdep_is_held(&md->change_lock));
 	if (md->journaled)
 		dd_journal_note(&md->jnl, type, index, value, len);
 }
@@ -843,6 +853,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	if (!md)
 		return -ENOMEM;
 	init_rwsem(&md->lock);
+	mutex_init(&md->change_lock);
 	mutex_init(&md->data_lock);
 	xa_init(&md->overlay);
 	md->cfg = *cfg;
@@ -1430,6 +1441,204 @@ static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
 	return dd_take_duplicate(md, lba, holder[i], rc[i], freed);
 }
 
+/*
+ * dd_set_map in place, after taking a reference when @value is a block:
+ * @me is @lba's map entry, which held @old (PBA + 1, or 0); @re the
+ * refcount of the block @value points at, NULL for 0; @oe the refcount of
+ * the block @old pointed at, NULL when that is nothing or the same
+ * block. -EAGAIN when @old's block would be freed: that takes the
+ * exclusive path, since the block goes back to the allocator and the
+ * caller's index. -ENOENT, -EOVERFLOW as dd_take_duplicate.
+ */
+static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
+			     u64 old, __le64 *me, __le32 *re, __le32 *oe)
+{
+	u32 rc = 0, orc = 0;
+
+	lockdep_assert_held_read(&md->lock);
+	lockdep_assert_held(&md->change_lock);
+	/*
+	 * Only the exclusive path frees, so the block is still live; but
+	 * other changes in place may have moved its count since it was read.
+	 */
+	if (re) {
+		rc = le32_to_cpu(READ_ONCE(*re));
+		if (!rc)
+			return -ENOENT;
+		if (rc >= DD_REFCOUNT_MAX)
+			return -EOVERFLOW;
+	}
+	/* Changes to one logical block are ordered (cells): never true. */
+	if (WARN_ON_ONCE(le64_to_cpu(READ_ONCE(*me)) != old))
+		return -EAGAIN;
+	if (oe) {
+		orc = le32_to_cpu(READ_ONCE(*oe));
+		if (orc <= 1)
+			return -EAGAIN;
+	}
+	WRITE_ONCE(md->dirty, true);
+	if (old == value)
+		return 0;	/* a reference taken and dropped at once */
+	if (re) {
+		WRITE_ONCE(*re, cpu_to_le32(rc + 1));
+		dd_note_word(md, DD_JR_REFCOUNT, value - 1, rc + 1);
+	}
+	WRITE_ONCE(*me, cpu_to_le64(value));
+	dd_note_word(md, DD_JR_MAP, lba, value);
+	if (!old)
+		md->mapped++;
+	else if (!value)
+		md->mapped--;
+	if (oe) {
+		WRITE_ONCE(*oe, cpu_to_le32(orc - 1));
+		dd_note_word(md, DD_JR_REFCOUNT, old - 1, orc - 1);
+	}
+	return 0;
+}
+
+/* Leaves held by dd_hold_in_place(), released by dd_release_in_place(). */
+struct dd_in_place {
+	struct dd_block map, rc, old_rc;
+	__le64 *me;
+	__le32 *re, *oe;
+	u64 old;
+};
+
+/*
+ * Hold @lba's map entry and the refcounts a change of it to @value (PBA +
+ * 1, or 0) touches, if their leaves are fresh; ip->old is what @lba maps.
+ * -EAGAIN: a leaf is not, take the exclusive path.
+ */
+static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
+			    struct dd_in_place *ip)
+{
+	int r;
+
+	ip->re = NULL;
+	ip->oe = NULL;
+	r = dd_array_fresh_entry(&md->map, lba, &ip->map, (void **)&ip->me);
+	if (r)
+		return r;
+	/* Only the caller's change moves it (cells order them). */
+	ip->old = le64_to_cpu(READ_ONCE(*ip->me));
+	if (value) {
+		r = dd_array_fresh_entry(&md->refcount, value - 1, &ip->rc,
+					 (void **)&ip->re);
+		if (r)
+			goto out_map;
+	}
+	if (ip->old && ip->old != value) {
+		r = dd_array_fresh_entry(&md->refcount, ip->old - 1,
+					 &ip->old_rc, (void **)&ip->oe);
+		if (r)
+			goto out_rc;
+	}
+	return 0;
+out_rc:
+	if (ip->re)
+		dd_bm_release(&ip->rc);
+out_map:
+	dd_bm_release(&ip->map);
+	return r;
+}
+
+static void dd_release_one(struct dd_block *blk, bool changed)
+{
+	if (changed)
+		dd_bm_release_dirty(blk);
+	else
+		dd_bm_release(blk);
+}
+
+static void dd_release_in_place(struct dd_in_place *ip, bool changed)
+{
+	if (ip->oe)
+		dd_release_one(&ip->old_rc, changed);
+	if (ip->re)
+		dd_release_one(&ip->rc, changed);
+	dd_release_one(&ip->map, changed);
+}
+
+/*
+ * dd_map_duplicate_in_leaf with md->lock held shared, when every entry it
+ * changes lies in a leaf the running transaction already wrote and the
+ * share frees nothing: after each checkpoint, the first change to a leaf
+ * copies it under the exclusive lock, and the shares after it overlap.
+ * -EAGAIN: take the exclusive path, nothing changed.
+ */
+static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d)
+{
+	u64 holder[DD_MD_HOLDERS_MAX];
+	u32 rc[DD_MD_HOLDERS_MAX];
+	struct dd_in_place ip;
+	int n, i, r;
+
+	lockdep_assert_held_read(&md->lock);
+	if (READ_ONCE(md->read_only) || md->overlaid)
+		return -EAGAIN;
+	n = dd_find_holders(md, d->leaf, d->fp, holder, rc, DD_MD_HOLDERS_MAX);
+	if (n <= 0)
+		return n ? n : -ENOENT;
+	for (i = 0; i < n - 1 && rc[i] >= DD_REFCOUNT_MAX; i++)
+		;
+	if (rc[i] >= DD_REFCOUNT_MAX)
+		return -EOVERFLOW;
+	d->pba = holder[i];
+	r = dd_hold_in_place(md, d->lba, d->pba + 1, &ip);
+	if (r)
+		return r;
+	mutex_lock(&md->change_lock);
+	r = dd_remap_in_place(md, d->lba, d->pba + 1, ip.old, ip.me, ip.re,
+			      ip.oe);
+	if (!r) {
+		md->duplicate_writes++;
+		md->in_place_changes++;
+	}
+	mutex_unlock(&md->change_lock);
+	dd_release_in_place(&ip, !r);
+	return r;
+}
+
+/*
+ * dd_map_zero with md->lock held shared: over an unmapped block only the
+ * count changes; over a mapped one, in place when its leaves are fresh
+ * and the block it pointed at keeps a reference. -EAGAIN: the exclusive
+ * path.
+ */
+static int dd_zero_in_place(struct dd_metadata *md, u64 lba)
+{
+	struct dd_in_place ip;
+	u64 pba;
+	int r;
+
+	lockdep_assert_held_read(&md->lock);
+	if (READ_ONCE(md->read_only) || md->overlaid)
+		return -EAGAIN;
+	r = dd_map_entry(md, lba, &pba, false);
+	if (r == -ENODATA) {
+		mutex_lock(&md->change_lock);
+		WRITE_ONCE(md->dirty, true);
+		md->zero_writes++;
+		md->in_place_changes++;
+		mutex_unlock(&md->change_lock);
+		return 0;
+	}
+	if (r)
+		return r;
+	r = dd_hold_in_place(md, lba, 0, &ip);
+	if (r)
+		return r;
+	mutex_lock(&md->change_lock);
+	r = dd_remap_in_place(md, lba, 0, ip.old, ip.me, NULL, ip.oe);
+	if (!r) {
+		md->zero_writes++;
+		md->in_place_changes++;
+	}
+	mutex_unlock(&md->change_lock);
+	dd_release_in_place(&ip, !r);
+	return r;
+}
+
 /* Nothing is stored: the block reads back as zeros. */
 static int dd_map_zero(struct dd_metadata *md, u64 lba,
 		       struct dd_md_freed *freed)
@@ -1488,6 +1697,23 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 	unsigned int i = 0;
 	int r;
 
+	down_read(&md->lock);
+	for (; i < nr; i++) {
+		r = dd_share_in_place(md, &d[i]);
+		if (r == -EAGAIN)
+			break;
+		d[i].r = r;
+		if (r < 0 && r != -ENOENT && r != -EOVERFLOW) {
+			up_read(&md->lock);
+			*done = i + 1;
+			return;
+		}
+	}
+	up_read(&md->lock);
+	if (i == nr) {
+		*done = i;
+		return;
+	}
 	down_write(&md->lock);
 	while (i < nr) {
 		r = dd_map_duplicate_in_leaf(md, d[i].lba, d[i].leaf, d[i].fp,
@@ -1504,6 +1730,11 @@ int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)
 {
 	int r;
 
+	down_read(&md->lock);
+	r = dd_zero_in_place(md, lba);
+	up_read(&md->lock);
+	if (r != -EAGAIN)
+		return r;
 	down_write(&md->lock);
 	r = dd_map_zero(md, lba, freed);
 	up_write(&md->lock);
@@ -1896,12 +2127,15 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->data_space_bytes = dd_space_bytes(&md->data);
 	st->pending_free = dd_space_frees_to_come(&md->data);
 	mutex_unlock(&md->data_lock);
+	mutex_lock(&md->change_lock);
 	st->data_live = md->live;
 	st->mapped = md->mapped;
 	st->unique_writes = md->unique_writes;
 	st->duplicate_writes = md->duplicate_writes;
+	st->in_place_changes = md->in_place_changes;
 	st->zero_writes = md->zero_writes;
 	st->discarded = md->discarded;
+	mutex_unlock(&md->change_lock);
 	st->checkpoints = md->checkpoints;
 	st->journal_used = 0;
 	st->journal_appends = 0;

@@ -82,6 +82,7 @@ struct dd_md_stats {
 	u64 mapped;
 	u64 unique_writes;
 	u64 duplicate_writes;
+	u64 in_place_changes;	/* shares and zero blocks, lock shared */
 	u64 zero_writes;
 	u64 discarded;
 	u64 pending_free;
@@ -206,7 +207,9 @@ struct dd_md_dup {
 
 /*
  * dd_md_map_duplicate for @d[0..nr) in order, in one hold of the metadata
- * lock, with the first live holder of d[i].fp in fingerprint leaf
+ * lock shared and then, from the first whose leaves the running
+ * transaction has not written yet or that frees a block, one held
+ * exclusive; with the first live holder of d[i].fp in fingerprint leaf
  * d[i].leaf (-ENOENT: none), up to and including the first entry that
  * frees a block (its *freed) or fails with an error other than a soft
  * miss. *done (>= 1) is the number of entries handled, each with its

@@ -10,6 +10,8 @@
  *   dc->commit_mutex   mutex    dedup-commit.c      one commit at a time
  *   dc->lock           rwsem    dedup-commit.c      the transaction
  *   md->lock           rwsem    dedup-metadata.c    the metadata
+ *   md->change_lock    mutex    dedup-metadata.c    changes in place under
+ *                                                   md->lock held shared
  *   md->data_lock      mutex    dedup-metadata.c    the data allocator
  *   run->lock          spinlock dedup-reserve.c     one CPU's reserved data
  *                                                   blocks
@@ -25,9 +27,9 @@
  *
  * dc->lock is the transaction lock: every bio step that reads or changes
  * the metadata holds it shared, and a commit holds it exclusive, so the
- * transaction a commit writes holds only whole steps. md->lock and
- * md->data_lock are taken inside each metadata verb and never held across
- * verbs; dm-bufio's client lock nests inside md->lock. A CPU's run->lock
+ * transaction a commit writes holds only whole steps. md->lock,
+ * md->change_lock and md->data_lock are taken inside each metadata verb
+ * and never held across verbs; dm-bufio's client lock nests inside md->lock. A CPU's run->lock
  * is held only to take, fill or drain its run, with no lock taken inside.
  * dc->index_lock is held for index and in-flight table operations only,
  * never across I/O or a metadata verb. dc->cells.lock is taken with none

@@ -134,6 +134,7 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("metadata_blocks_used %llu\n", st.metadata_used);
 	DMEMIT("unique_writes %llu\n", st.unique_writes);
 	DMEMIT("duplicate_writes %llu\n", st.duplicate_writes);
+	DMEMIT("in_place_changes %llu\n", st.in_place_changes);
 	DMEMIT("zero_writes %llu\n", st.zero_writes);
 	DMEMIT("discarded_blocks %llu\n", st.discarded);
 	DMEMIT("journal_blocks_used %llu\n", st.journal_used);

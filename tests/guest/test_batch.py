@@ -84,6 +84,43 @@ def test_large_overwrite_shares_and_frees(dedup, seed):
     verify_blocks(dedup.path, exp, nblocks=400)
 
 
+def test_shares_and_zeros_after_a_commit_are_made_in_place(dedup, seed):
+    """After a commit, the first change to a metadata leaf copies it under
+    the metadata lock held exclusive; the shares and zero blocks after it
+    that free nothing change the copied leaves in place, with the lock
+    shared (the in_place_changes counter). A zero block over the last
+    reference of a block, which frees it, takes the exclusive path."""
+    with BlockDev(dedup.path) as bd:
+        bd.write_range(0, contents(seed, range(64)))
+    dedup.commit()
+    before = int(dedup.stats()["in_place_changes"])
+    with BlockDev(dedup.path) as bd:
+        for i in range(64):
+            bd.write(100 + i, block_data(seed, i))      # shares
+        for i in range(32):
+            bd.write(100 + i, ZERO)                     # each block keeps one
+        bd.write(63, ZERO)                              # 63's only other holder...
+        bd.write(163, ZERO)                             # ...and its last: freed
+        for i in range(8):
+            bd.write(300 + i, ZERO)                     # unmapped: a count only
+    changes = 64 + 32 + 2 + 8
+    in_place = int(dedup.stats()["in_place_changes"]) - before
+    # Not all: the first share after the commit copies the leaves, the
+    # free is exclusive, and a periodic commit may fall in between.
+    assert changes // 2 <= in_place <= changes - 2, in_place
+    dedup.commit()
+    st = dedup.status()
+    assert st["duplicate_writes"] == 64, st
+    assert st["zero_writes"] == 32 + 2 + 8, st
+    assert st["mapped"] == 63 + 31, st
+    assert st["data_used"] == 63, st
+    exp = {i: block_data(seed, i) for i in range(63)}
+    exp.update({100 + i: block_data(seed, i) for i in range(32, 63)})
+    exp.update({100 + i: ZERO for i in range(32)})
+    exp.update({63: ZERO, 163: ZERO})
+    verify_blocks(dedup.path, exp, nblocks=320)
+
+
 def test_large_fua_write_commits(make_dedup, seed):
     """A 512 KiB O_DIRECT write with RWF_DSYNC (FUA, or write + flush) is
     cut into several bios: it returns only once its mappings are

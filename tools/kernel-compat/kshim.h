@@ -116,7 +116,9 @@ struct rw_semaphore { int unused; };
 #define down_write(s) ((void)(s))
 #define up_write(s) ((void)(s))
 #define lockdep_assert_held(l) ((void)(l))
+#define lockdep_assert_held_read(l) ((void)(l))
 #define lockdep_assert_held_write(l) ((void)(l))
+#define lockdep_assert(c) ((void)0)
 struct mutex { int unused; };
 #define mutex_init(m) ((void)(m))
 #define mutex_lock(m) ((void)(m))
