@@ -176,11 +176,13 @@ void dd_journal_note(struct dd_journal *j, u8 type, u64 index,
 
 /*
  * Close the records collected into one append, ending with @counters,
- * and hand its blocks to @b. -ENODATA: nothing to append. -ENOSPC: the
- * epoch has no room for it, or records were dropped: checkpoint instead.
+ * and hand its blocks to @b. -ENODATA: nothing to append (no records, and
+ * not @counted: the counters moved since the last append or commit).
+ * -ENOSPC: the epoch has no room for it, or records were dropped:
+ * checkpoint instead.
  */
-int dd_journal_take(struct dd_journal *j, const u64 *counters, u64 txn,
-		    struct dd_journal_batch *b)
+int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
+		    u64 txn, struct dd_journal_batch *b)
 {
 	__le64 v[DD_JR_NR_COUNTERS];
 	struct dd_journal_header *h;
@@ -192,7 +194,7 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, u64 txn,
 		r = -EBUSY;
 		goto out;
 	}
-	if (!j->nr_pending && !j->overflow) {
+	if (!j->nr_pending && !j->overflow && !counted) {
 		r = -ENODATA;
 		goto out;
 	}

@@ -63,8 +63,8 @@ void dd_journal_exit(struct dd_journal *j);
 
 void dd_journal_note(struct dd_journal *j, u8 type, u64 index,
 		     const void *value, size_t len);
-int dd_journal_take(struct dd_journal *j, const u64 *counters, u64 txn,
-		    struct dd_journal_batch *b);
+int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
+		    u64 txn, struct dd_journal_batch *b);
 int dd_journal_write(struct dd_journal *j, struct dd_journal_batch *b);
 void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b);
 

@@ -2016,6 +2016,48 @@ static void dd_md_test_in_place(struct kunit *test)
 }
 
 /*
+ * A change that moves only a count (a zero block over an unmapped block,
+ * a share of the block the logical block already maps) still needs an
+ * append, so that the counts a flush made durable are the ones replayed.
+ */
+static void dd_md_test_journal_counts_only(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_journal_batch b;
+	struct dd_md_stats st;
+	u64 pba;
+
+	pba = dd_test_write(test, md, 0, 1);
+	dd_test_share(test, md, 1, pba);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	KUNIT_EXPECT_FALSE(test, dd_md_journal_pending(md));
+	KUNIT_EXPECT_EQ(test, dd_md_journal_take(md, &b), -ENODATA);
+
+	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 5), 0);
+	KUNIT_EXPECT_TRUE(test, dd_md_journal_pending(md));
+	dd_test_append(test, md);
+	KUNIT_EXPECT_FALSE(test, dd_md_journal_pending(md));
+	/* a share of the block already mapped: taken and dropped at once */
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 1, pba), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 1, pba), 0);
+	KUNIT_EXPECT_TRUE(test, dd_md_journal_pending(md));
+	dd_test_append(test, md);
+	st = dd_test_stats(md);
+	dd_test_md_close(test, md);		/* a crash after the appends */
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).zero_writes, st.zero_writes);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).zero_writes, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).duplicate_writes,
+			st.duplicate_writes);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 2);
+}
+
+/*
  * A crash after two appends and a change never appended: the next open
  * replays the appends onto the last commit and checkpoints the result;
  * the change that no flush covered is gone. A read-only open first sees
@@ -2258,6 +2300,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_saved_refused),
 	KUNIT_CASE(dd_md_test_journal_replay),
 	KUNIT_CASE(dd_md_test_in_place),
+	KUNIT_CASE(dd_md_test_journal_counts_only),
 	KUNIT_CASE(dd_md_test_journal_torn),
 	KUNIT_CASE(dd_md_test_journal_upgrade),
 	KUNIT_CASE_SLOW(dd_md_test_journal_wrap),

@@ -75,6 +75,12 @@ struct dd_metadata {
 	u64 zero_writes;
 	u64 discarded;
 	u64 in_place_changes;	/* not journaled: this instance's */
+	/*
+	 * The accounting as the last commit or append holds it: a change
+	 * that moves only a count (a zero block over an unmapped one) still
+	 * needs an append at the next flush.
+	 */
+	u64 durable_counters[DD_JR_NR_COUNTERS];
 
 	bool dirty;
 	bool read_only;	/* asked for, or after a failure: no more changes */
@@ -522,6 +528,17 @@ static bool dd_activate_saved(struct dd_metadata *md)
 static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 			  u64 saved_words);
 
+/* The accounting, in the order of the journal's COUNTERS record. */
+static void dd_counters(const struct dd_metadata *md, u64 *c)
+{
+	c[0] = md->mapped;
+	c[1] = md->live;
+	c[2] = md->unique_writes;
+	c[3] = md->duplicate_writes;
+	c[4] = md->zero_writes;
+	c[5] = md->discarded;
+}
+
 static void dd_replayed_counters(struct dd_metadata *md, const void *value)
 {
 	const __le64 *v = value;
@@ -960,6 +977,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	}
 	/* Nothing is reserved before the first write. */
 	atomic64_set(&md->data_free, dd_space_free_blocks(&md->data));
+	dd_counters(md, md->durable_counters);
 	/* Both point into the caller's open only. */
 	md->cfg.saved = NULL;
 	md->cfg.saved_ok = NULL;
@@ -1877,6 +1895,7 @@ static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 		return r;
 	}
 	md->sb = sb;
+	dd_counters(md, md->durable_counters);
 	if (md->journaled)
 		dd_journal_checkpointed(&md->jnl, le64_to_cpu(sb.journal_seq));
 	md->checkpoints++;
@@ -1936,13 +1955,13 @@ int dd_md_journal_take(struct dd_metadata *md, struct dd_journal_batch *b)
 	r = -ENOSPC;
 	if (!md->journaled)
 		goto out;
-	counters[0] = md->mapped;
-	counters[1] = md->live;
-	counters[2] = md->unique_writes;
-	counters[3] = md->duplicate_writes;
-	counters[4] = md->zero_writes;
-	counters[5] = md->discarded;
-	r = dd_journal_take(&md->jnl, counters, md->bm->txn, b);
+	dd_counters(md, counters);
+	r = dd_journal_take(&md->jnl, counters,
+			    memcmp(counters, md->durable_counters,
+				   sizeof(counters)) != 0,
+			    md->bm->txn, b);
+	if (!r)
+		memcpy(md->durable_counters, counters, sizeof(counters));
 out:
 	up_write(&md->lock);
 	return r;
@@ -1955,7 +1974,21 @@ int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b)
 
 bool dd_md_journal_pending(struct dd_metadata *md)
 {
-	return md->journaled && dd_journal_pending(&md->jnl);
+	u64 c[DD_JR_NR_COUNTERS];
+	bool moved;
+
+	if (!md->journaled)
+		return false;
+	if (dd_journal_pending(&md->jnl))
+		return true;
+	/* A change that moved only a count: a zero block over an unmapped one. */
+	down_read(&md->lock);
+	mutex_lock(&md->change_lock);
+	dd_counters(md, c);
+	moved = memcmp(c, md->durable_counters, sizeof(c)) != 0;
+	mutex_unlock(&md->change_lock);
+	up_read(&md->lock);
+	return moved;
 }
 
 bool dd_md_checkpoint_due(struct dd_metadata *md)

@@ -244,7 +244,10 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 bool dd_md_journaled(struct dd_metadata *md);
 int dd_md_journal_take(struct dd_metadata *md, struct dd_journal_batch *b);
 int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b);
-/* Changes wait for an append (or a commit, if the journal dropped them). */
+/*
+ * Changes wait for an append (or a commit, if the journal dropped them),
+ * or counts moved by changes that left no record.
+ */
 bool dd_md_journal_pending(struct dd_metadata *md);
 /* Half the journal is used: a commit (its checkpoint) empties it. */
 bool dd_md_checkpoint_due(struct dd_metadata *md);

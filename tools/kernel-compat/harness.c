@@ -300,6 +300,28 @@ static int print_map(struct dd_metadata *md, u64 logical)
 	return 0;
 }
 
+/*
+ * A share as the target makes most of them: through the fingerprint leaf
+ * the index names, in place when the leaves it changes are fresh.
+ */
+static int share_known(struct dd_metadata *md, struct model *m, u64 lba,
+		       u64 pba, const u8 *fp, struct dd_md_freed *f)
+{
+	struct dd_md_dup d = {
+		.lba = lba, .leaf = pba / (DD_PAYLOAD_SIZE / DD_FP_SIZE),
+		.fp = fp, .pba = U64_MAX,
+	};
+	unsigned int done = 0;
+
+	dd_md_map_duplicates(md, &d, 1, &done, f);
+	if (done != 1 || (d.r >= 0 && d.pba != pba)) {
+		fprintf(stderr, "share of %llu found %llu (done %u)\n",
+			(unsigned long long)pba, (unsigned long long)d.pba, done);
+		return -EILSEQ;
+	}
+	return freed(m, d.r, f);
+}
+
 static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 {
 	u64 lba = rnd(logical), pba, left;
@@ -327,6 +349,9 @@ static int one_op(struct dd_metadata *md, struct model *m, u64 logical)
 	make_fp(c, fp);
 	if (m->pba_of[c] >= 0) {
 		pba = (u64)m->pba_of[c];
+		/* Half each way; no draw, so that the sequence stays the same. */
+		if (lba & 1)
+			return share_known(md, m, lba, pba, fp, f);
 		return freed(m, dd_md_map_duplicate(md, lba, pba, fp, f), f);
 	}
 	r = dd_md_alloc_data(md, &pba, &left);
