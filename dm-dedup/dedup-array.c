@@ -106,13 +106,13 @@ static int dd_find_leaf(struct dd_array *a, u64 leaf_nr, bool nowait, u64 *nr)
 }
 
 /*
- * Copy entry @index into @entry (zeroes if absent). With @nowait, never
- * sleeps on I/O and returns -EWOULDBLOCK instead.
+ * Hold the leaf of entry @index, with @entry pointing into it; *@entry is
+ * NULL, and nothing held, when the leaf is absent. With @fresh, only a
+ * leaf the running transaction wrote: -EAGAIN for any other.
  */
-int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
+static int dd_hold_entry(struct dd_array *a, u64 index, bool nowait,
+			 bool fresh, struct dd_block *leaf, void **entry)
 {
-	struct dd_block leaf;
-	const u8 *src;
 	u64 leaf_nr, b;
 	u32 slot;
 	int r;
@@ -123,14 +123,35 @@ int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
 	r = dd_find_leaf(a, leaf_nr, nowait, &b);
 	if (r)
 		return r;
-	if (!b) {
+	if (fresh && (!b || !dd_bm_is_fresh(a->bm, b)))
+		return -EAGAIN;
+	*entry = NULL;
+	if (!b)
+		return 0;
+	r = dd_read(a, b, 0, nowait, leaf);
+	if (r)
+		return r;
+	*entry = (u8 *)dd_payload(leaf) + slot * a->entry_size;
+	return 0;
+}
+
+/*
+ * Copy entry @index into @entry (zeroes if absent). With @nowait, never
+ * sleeps on I/O and returns -EWOULDBLOCK instead.
+ */
+int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
+{
+	struct dd_block leaf;
+	void *src;
+	int r;
+
+	r = dd_hold_entry(a, index, nowait, false, &leaf, &src);
+	if (r)
+		return r;
+	if (!src) {
 		memset(entry, 0, a->entry_size);
 		return 0;
 	}
-	r = dd_read(a, b, 0, nowait, &leaf);
-	if (r)
-		return r;
-	src = (u8 *)dd_payload(&leaf) + slot * a->entry_size;
 	/*
 	 * A word in a fresh leaf may change in place while we read it
 	 * (dd_array_fresh_entry): read it whole, never half old, half new.
@@ -157,23 +178,7 @@ int dd_array_lookup(struct dd_array *a, u64 index, void *entry, bool nowait)
 int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
 			 void **entry)
 {
-	u64 leaf_nr, b;
-	u32 slot;
-	int r;
-
-	if (index >= a->nr_entries)
-		return -ERANGE;
-	leaf_nr = div_u64_rem(index, a->per_leaf, &slot);
-	r = dd_find_leaf(a, leaf_nr, false, &b);
-	if (r)
-		return r;
-	if (!b || !dd_bm_is_fresh(a->bm, b))
-		return -EAGAIN;
-	r = dd_read(a, b, 0, false, leaf);
-	if (r)
-		return r;
-	*entry = (u8 *)dd_payload(leaf) + slot * a->entry_size;
-	return 0;
+	return dd_hold_entry(a, index, false, true, leaf, entry);
 }
 
 /* Copy the entries of leaf @leaf_nr into @entries (zeroes if absent). */

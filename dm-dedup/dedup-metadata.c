@@ -1459,18 +1459,30 @@ static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
 	return dd_take_duplicate(md, lba, holder[i], rc[i], freed);
 }
 
+/* Leaves held by dd_hold_in_place(), released by dd_release_in_place(). */
+struct dd_in_place {
+	struct dd_block map, rc, old_rc;
+	__le64 *me;
+	__le32 *re, *oe;
+	u64 old;
+};
+
 /*
- * dd_set_map in place, after taking a reference when @value is a block:
- * @me is @lba's map entry, which held @old (PBA + 1, or 0); @re the
- * refcount of the block @value points at, NULL for 0; @oe the refcount of
- * the block @old pointed at, NULL when that is nothing or the same
- * block. -EAGAIN when @old's block would be freed: that takes the
- * exclusive path, since the block goes back to the allocator and the
- * caller's index. -ENOENT, -EOVERFLOW as dd_take_duplicate.
+ * dd_set_map in place, after taking a reference when @value is a block,
+ * on the entries dd_hold_in_place() holds in @ip: ip->me is @lba's map
+ * entry, which held ip->old (PBA + 1, or 0); ip->re the refcount of the
+ * block @value points at, NULL for 0; ip->oe the refcount of the block
+ * ip->old pointed at, NULL when that is nothing or the same block.
+ * -EAGAIN when that block would be freed: that takes the exclusive path,
+ * since the block goes back to the allocator and the caller's index.
+ * -ENOENT, -EOVERFLOW as dd_take_duplicate.
  */
 static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
-			     u64 old, __le64 *me, __le32 *re, __le32 *oe)
+			     const struct dd_in_place *ip)
 {
+	__le32 *re = ip->re, *oe = ip->oe;
+	__le64 *me = ip->me;
+	u64 old = ip->old;
 	u32 rc = 0, orc = 0;
 
 	lockdep_assert_held_read(&md->lock);
@@ -1513,14 +1525,6 @@ static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
 	}
 	return 0;
 }
-
-/* Leaves held by dd_hold_in_place(), released by dd_release_in_place(). */
-struct dd_in_place {
-	struct dd_block map, rc, old_rc;
-	__le64 *me;
-	__le32 *re, *oe;
-	u64 old;
-};
 
 /*
  * Hold @lba's map entry and the refcounts a change of it to @value (PBA +
@@ -1578,6 +1582,27 @@ static void dd_release_in_place(struct dd_in_place *ip, bool changed)
 }
 
 /*
+ * Make the change to @value that dd_hold_in_place() prepared in @ip,
+ * counted in *@count (the kind of write) and in in_place_changes, and
+ * let the leaves go.
+ */
+static int dd_change_in_place(struct dd_metadata *md, u64 lba, u64 value,
+			      struct dd_in_place *ip, u64 *count)
+{
+	int r;
+
+	mutex_lock(&md->change_lock);
+	r = dd_remap_in_place(md, lba, value, ip);
+	if (!r) {
+		(*count)++;
+		md->in_place_changes++;
+	}
+	mutex_unlock(&md->change_lock);
+	dd_release_in_place(ip, !r);
+	return r;
+}
+
+/*
  * dd_map_duplicate_in_leaf with md->lock held shared, when every entry it
  * changes lies in a leaf the running transaction already wrote and the
  * share frees nothing: after each checkpoint, the first change to a leaf
@@ -1605,16 +1630,8 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d)
 	r = dd_hold_in_place(md, d->lba, d->pba + 1, &ip);
 	if (r)
 		return r;
-	mutex_lock(&md->change_lock);
-	r = dd_remap_in_place(md, d->lba, d->pba + 1, ip.old, ip.me, ip.re,
-			      ip.oe);
-	if (!r) {
-		md->duplicate_writes++;
-		md->in_place_changes++;
-	}
-	mutex_unlock(&md->change_lock);
-	dd_release_in_place(&ip, !r);
-	return r;
+	return dd_change_in_place(md, d->lba, d->pba + 1, &ip,
+				  &md->duplicate_writes);
 }
 
 /*
@@ -1646,15 +1663,7 @@ static int dd_zero_in_place(struct dd_metadata *md, u64 lba)
 	r = dd_hold_in_place(md, lba, 0, &ip);
 	if (r)
 		return r;
-	mutex_lock(&md->change_lock);
-	r = dd_remap_in_place(md, lba, 0, ip.old, ip.me, NULL, ip.oe);
-	if (!r) {
-		md->zero_writes++;
-		md->in_place_changes++;
-	}
-	mutex_unlock(&md->change_lock);
-	dd_release_in_place(&ip, !r);
-	return r;
+	return dd_change_in_place(md, lba, 0, &ip, &md->zero_writes);
 }
 
 /* Nothing is stored: the block reads back as zeros. */
