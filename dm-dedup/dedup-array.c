@@ -181,6 +181,19 @@ int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
 	return dd_hold_entry(a, index, false, true, leaf, entry);
 }
 
+/*
+ * Entry @index held in @leaf, to be compared in place while changes in
+ * place to a fresh leaf cannot run (the caller holds their lock): no copy
+ * of an entry wider than a word is then ever half old, half new. *@entry
+ * is NULL, and nothing held, when the leaf is absent. The caller releases
+ * the leaf with dd_bm_release().
+ */
+int dd_array_hold_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
+			void **entry)
+{
+	return dd_hold_entry(a, index, false, false, leaf, entry);
+}
+
 /* Copy the entries of leaf @leaf_nr into @entries (zeroes if absent). */
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries)
 {

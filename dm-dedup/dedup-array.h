@@ -37,6 +37,8 @@ int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
 		    void **entry);
 int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
 			 void **entry);
+int dd_array_hold_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
+			void **entry);
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
 /*
  * The indices in leaf @leaf_nr whose entry equals @value, at most @max of

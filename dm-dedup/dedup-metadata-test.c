@@ -1936,24 +1936,30 @@ static void dd_md_test_in_place(struct kunit *test)
 	p0 = dd_test_write(test, md, 0, 1);
 	p1 = dd_test_write(test, md, 1, 2);
 	p2 = dd_test_write(test, md, 2, 3);
+	/* p1 and p2 in place: p0 copied the leaves into the transaction */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 2);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 
+	/* after a commit: copies the leaves again */
 	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 10, p0), 0);
-	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 2);
 	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 11, p0), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 12, p2), 0);
 	/* over p2, which keeps the reference of block 2 */
 	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 12, p0), 0);
 	/* a block that already shares it */
 	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 11, p0), 0);
-	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 6);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0), 4);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 1);
-	/* over the last reference of p1 */
+	/* over the last reference of p1, which is freed in place */
 	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 1, p0), 0);
 	KUNIT_EXPECT_EQ(test, ev->freed, 1);
 	KUNIT_EXPECT_EQ(test, ev->freed_pba[0], p1);
-	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 4);
+	dd_test_fp(fp[0], 2);
+	KUNIT_EXPECT_MEMEQ(test, ev->freed_fp[0], fp[0], DD_FP_SIZE);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 7);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 2);
 
 	/* a batch with a soft miss between two shares made in place */
 	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, p2, fp[0]), 0);
@@ -1970,7 +1976,7 @@ static void dd_md_test_in_place(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, d[2].r, 0);
 	KUNIT_EXPECT_EQ(test, d[2].pba, p0);
 	st = dd_test_stats(md);
-	KUNIT_EXPECT_EQ(test, st.in_place_changes, 6);
+	KUNIT_EXPECT_EQ(test, st.in_place_changes, 9);
 	KUNIT_EXPECT_EQ(test, st.duplicate_writes, 8);
 	KUNIT_EXPECT_EQ(test, st.mapped, 8);
 
@@ -1982,15 +1988,15 @@ static void dd_md_test_in_place(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 22), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 20), 0);
 	st = dd_test_stats(md);
-	KUNIT_EXPECT_EQ(test, st.in_place_changes, 9);
+	KUNIT_EXPECT_EQ(test, st.in_place_changes, 12);
 	KUNIT_EXPECT_EQ(test, st.zero_writes, 3);
 	KUNIT_EXPECT_EQ(test, st.mapped, 6);
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 1);
-	/* the last reference of p2: freed, the exclusive way */
+	/* the last reference of p2: freed in place too */
 	KUNIT_EXPECT_EQ(test, dd_test_map_zero(test, md, 2), 0);
 	KUNIT_EXPECT_EQ(test, ev->freed, 2);
 	KUNIT_EXPECT_EQ(test, ev->freed_pba[1], p2);
-	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 9);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 13);
 	dd_test_append(test, md);
 	dd_test_md_close(test, md);		/* a crash after the append */
 
@@ -2013,6 +2019,62 @@ static void dd_md_test_in_place(struct kunit *test)
 	dd_test_expect_unmapped(test, md, 21);
 	dd_test_expect_unmapped(test, md, 22);
 	dd_test_expect_unmapped(test, md, 30);
+}
+
+/*
+ * New blocks whose leaves the running transaction already wrote are
+ * recorded in place, and may free the block they replace; a share finds
+ * them by their record, and a replay after a crash finds them all.
+ */
+static void dd_md_test_new_in_place(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	u8 fp[DD_FP_SIZE], got[DD_FP_SIZE];
+	struct dd_md_stats st;
+	u64 p0, p1, p2, p3;
+
+	p0 = dd_test_write(test, md, 0, 1);	/* copies the leaves */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 0);
+	p1 = dd_test_write(test, md, 1, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 1);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+
+	p2 = dd_test_write(test, md, 2, 3);	/* copies them again */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, 1);
+	/* over the last reference of p1 */
+	p3 = dd_test_write(test, md, 1, 4);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.in_place_changes, 2);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 4);
+	KUNIT_EXPECT_EQ(test, st.data_live, 3);
+	KUNIT_EXPECT_EQ(test, st.mapped, 3);
+	KUNIT_EXPECT_EQ(test, ev->freed, 1);
+	KUNIT_EXPECT_EQ(test, ev->freed_pba[0], p1);
+	dd_test_fp(fp, 2);
+	KUNIT_EXPECT_MEMEQ(test, ev->freed_fp[0], fp, DD_FP_SIZE);
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 5, p3), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p3), 2);
+	dd_test_append(test, md);
+	dd_test_md_close(test, md);		/* a crash after the append */
+
+	md = dd_test_md_open(test, bdev, cfg);
+	st = dd_test_stats(md);
+	KUNIT_EXPECT_EQ(test, st.journal_replayed, 1);
+	KUNIT_EXPECT_EQ(test, st.unique_writes, 4);
+	KUNIT_EXPECT_EQ(test, st.data_live, 3);
+	KUNIT_EXPECT_EQ(test, st.mapped, 4);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p1), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p3), 2);
+	dd_test_fp(fp, 4);
+	KUNIT_EXPECT_EQ(test, dd_md_get_fingerprint(md, p3, got), 0);
+	KUNIT_EXPECT_MEMEQ(test, got, fp, DD_FP_SIZE);
+	dd_test_expect_map(test, md, 0, p0);
+	dd_test_expect_map(test, md, 1, p3);
+	dd_test_expect_map(test, md, 2, p2);
+	dd_test_expect_map(test, md, 5, p3);
 }
 
 /*
@@ -2300,6 +2362,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_saved_refused),
 	KUNIT_CASE(dd_md_test_journal_replay),
 	KUNIT_CASE(dd_md_test_in_place),
+	KUNIT_CASE(dd_md_test_new_in_place),
 	KUNIT_CASE(dd_md_test_journal_counts_only),
 	KUNIT_CASE(dd_md_test_journal_torn),
 	KUNIT_CASE(dd_md_test_journal_upgrade),

@@ -25,12 +25,13 @@
  * md->lock guards everything in here but the data allocator: lookups take
  * it shared, changes, commits and aborts exclusive. It nests inside the
  * target's transaction lock (dedup-target.h) and outside dm-bufio's.
- * Two changes are made with md->lock held shared: a share or a zero
- * block whose map and refcount entries lie in leaves the running
- * transaction already wrote, and that frees nothing, changes those
- * entries in place (dd_share_in_place, dd_zero_in_place). Such changes
- * serialize on md->change_lock, which also guards the accounting below
- * against them; it nests inside md->lock and outside md->data_lock.
+ * Most changes are made with md->lock held shared: a share, a zero block
+ * or a new block whose map, refcount and fingerprint entries lie in
+ * leaves the running transaction already wrote changes those entries in
+ * place (dd_share_in_place, dd_zero_in_place, dd_new_in_place), and may
+ * free the block it replaces. Such changes serialize on md->change_lock,
+ * which also guards the accounting below against them; it nests inside
+ * md->lock and outside md->data_lock.
  * md->data_lock guards md->data alone, so that handing out a block for new
  * data needs no trip through md->lock; it nests inside md->lock, and so
  * does the journal's lock (dedup-journal.h). Most new blocks do not take
@@ -1459,26 +1460,37 @@ static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
 	return dd_take_duplicate(md, lba, holder[i], rc[i], freed);
 }
 
-/* Leaves held by dd_hold_in_place(), released by dd_release_in_place(). */
+/*
+ * A change in place, and the leaves dd_hold_in_place() holds for it until
+ * dd_release_in_place(). @fp is the content's fingerprint when @value is
+ * a block: that of a live block to share, or, with @new_block, that of a
+ * new block to record.
+ */
 struct dd_in_place {
-	struct dd_block map, rc, old_rc;
+	const u8 *fp;
+	bool new_block;
+	struct dd_block map, rc, fpl, old_rc, old_fpl;
 	__le64 *me;
 	__le32 *re, *oe;
+	u8 *fe, *old_fe;
 	u64 old;
 };
 
 /*
  * dd_set_map in place, after taking a reference when @value is a block,
  * on the entries dd_hold_in_place() holds in @ip: ip->me is @lba's map
- * entry, which held ip->old (PBA + 1, or 0); ip->re the refcount of the
- * block @value points at, NULL for 0; ip->oe the refcount of the block
- * ip->old pointed at, NULL when that is nothing or the same block.
- * -EAGAIN when that block would be freed: that takes the exclusive path,
- * since the block goes back to the allocator and the caller's index.
- * -ENOENT, -EOVERFLOW as dd_take_duplicate.
+ * entry, which held ip->old (PBA + 1, or 0); ip->re and ip->fe the
+ * refcount and fingerprint record of the block @value points at, NULL for
+ * 0; ip->oe the refcount of the block ip->old pointed at, NULL when that
+ * is nothing or the same block, and ip->old_fe its record when dropping
+ * the reference may free it.
+ * 1 when the block @lba pointed at is freed (*@freed says which), 0, or
+ * -ENOENT, -EOVERFLOW as dd_take_duplicate. -EAGAIN: take the exclusive
+ * path, which says what is wrong if anything is.
  */
 static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
-			     const struct dd_in_place *ip)
+			     const struct dd_in_place *ip,
+			     struct dd_md_freed *freed)
 {
 	__le32 *re = ip->re, *oe = ip->oe;
 	__le64 *me = ip->me;
@@ -1488,28 +1500,46 @@ static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
 	lockdep_assert_held_read(&md->lock);
 	lockdep_assert_held(&md->change_lock);
 	/*
-	 * Only the exclusive path frees, so the block is still live; but
-	 * other changes in place may have moved its count since it was read.
+	 * A freed block is reused only after a commit, which cannot run
+	 * under md->lock; but other changes in place may have moved a count,
+	 * or recorded a new block over a dead one's record, since the caller
+	 * looked. Under change_lock neither moves.
 	 */
 	if (re) {
 		rc = le32_to_cpu(READ_ONCE(*re));
-		if (!rc)
-			return -ENOENT;
-		if (rc >= DD_REFCOUNT_MAX)
-			return -EOVERFLOW;
+		if (ip->new_block && rc)
+			return -EAGAIN;
+		if (!ip->new_block) {
+			if (!rc || memcmp(ip->fe, ip->fp, DD_FP_SIZE))
+				return -ENOENT;
+			if (rc >= DD_REFCOUNT_MAX)
+				return -EOVERFLOW;
+		}
 	}
 	/* Changes to one logical block are ordered (cells): never true. */
 	if (WARN_ON_ONCE(le64_to_cpu(READ_ONCE(*me)) != old))
 		return -EAGAIN;
 	if (oe) {
 		orc = le32_to_cpu(READ_ONCE(*oe));
-		if (orc <= 1)
+		if (!orc || (orc == 1 && !ip->old_fe))
 			return -EAGAIN;
 	}
 	WRITE_ONCE(md->dirty, true);
 	if (old == value)
 		return 0;	/* a reference taken and dropped at once */
-	if (re) {
+	if (ip->new_block) {
+		/*
+		 * The record first: a reader that finds it may take the block
+		 * for live once its count is set, and then looks again here.
+		 */
+		memcpy(ip->fe, ip->fp, md->cfg.fp_size);
+		memset(ip->fe + md->cfg.fp_size, 0,
+		       DD_FP_SIZE - md->cfg.fp_size);
+		WRITE_ONCE(*re, cpu_to_le32(1));
+		md->live++;
+		dd_note_word(md, DD_JR_REFCOUNT, value - 1, 1);
+		dd_note(md, DD_JR_FINGERPRINT, value - 1, ip->fe, DD_FP_SIZE);
+	} else if (re) {
 		WRITE_ONCE(*re, cpu_to_le32(rc + 1));
 		dd_note_word(md, DD_JR_REFCOUNT, value - 1, rc + 1);
 	}
@@ -1519,49 +1549,19 @@ static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
 		md->mapped++;
 	else if (!value)
 		md->mapped--;
-	if (oe) {
-		WRITE_ONCE(*oe, cpu_to_le32(orc - 1));
-		dd_note_word(md, DD_JR_REFCOUNT, old - 1, orc - 1);
-	}
-	return 0;
-}
-
-/*
- * Hold @lba's map entry and the refcounts a change of it to @value (PBA +
- * 1, or 0) touches, if their leaves are fresh; ip->old is what @lba maps.
- * -EAGAIN: a leaf is not, take the exclusive path.
- */
-static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
-			    struct dd_in_place *ip)
-{
-	int r;
-
-	ip->re = NULL;
-	ip->oe = NULL;
-	r = dd_array_fresh_entry(&md->map, lba, &ip->map, (void **)&ip->me);
-	if (r)
-		return r;
-	/* Only the caller's change moves it (cells order them). */
-	ip->old = le64_to_cpu(READ_ONCE(*ip->me));
-	if (value) {
-		r = dd_array_fresh_entry(&md->refcount, value - 1, &ip->rc,
-					 (void **)&ip->re);
-		if (r)
-			goto out_map;
-	}
-	if (ip->old && ip->old != value) {
-		r = dd_array_fresh_entry(&md->refcount, ip->old - 1,
-					 &ip->old_rc, (void **)&ip->oe);
-		if (r)
-			goto out_rc;
-	}
-	return 0;
-out_rc:
-	if (ip->re)
-		dd_bm_release(&ip->rc);
-out_map:
-	dd_bm_release(&ip->map);
-	return r;
+	if (!oe)
+		return 0;
+	WRITE_ONCE(*oe, cpu_to_le32(orc - 1));
+	dd_note_word(md, DD_JR_REFCOUNT, old - 1, orc - 1);
+	if (orc > 1)
+		return 0;
+	md->live--;
+	freed->pba = old - 1;
+	memcpy(freed->fp, ip->old_fe, DD_FP_SIZE);
+	mutex_lock(&md->data_lock);
+	dd_space_release(&md->data, old - 1);
+	mutex_unlock(&md->data_lock);
+	return 1;
 }
 
 static void dd_release_one(struct dd_block *blk, bool changed)
@@ -1572,48 +1572,112 @@ static void dd_release_one(struct dd_block *blk, bool changed)
 		dd_bm_release(blk);
 }
 
+/* Let go of what dd_hold_in_place() holds, all or part of it. */
 static void dd_release_in_place(struct dd_in_place *ip, bool changed)
 {
+	if (ip->old_fe)
+		dd_bm_release(&ip->old_fpl);
 	if (ip->oe)
 		dd_release_one(&ip->old_rc, changed);
+	if (ip->fe)
+		dd_release_one(&ip->fpl, changed && ip->new_block);
 	if (ip->re)
 		dd_release_one(&ip->rc, changed);
 	dd_release_one(&ip->map, changed);
 }
 
 /*
+ * Hold @lba's map entry and the entries a change of it to @value (PBA +
+ * 1, or 0) touches, if the leaves it changes are fresh; ip->old is what
+ * @lba maps. -EAGAIN: one is not, take the exclusive path.
+ */
+static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
+			    struct dd_in_place *ip)
+{
+	int r;
+
+	ip->re = NULL;
+	ip->oe = NULL;
+	ip->fe = NULL;
+	ip->old_fe = NULL;
+	r = dd_array_fresh_entry(&md->map, lba, &ip->map, (void **)&ip->me);
+	if (r)
+		return r;
+	/* Only the caller's change moves it (cells order them). */
+	ip->old = le64_to_cpu(READ_ONCE(*ip->me));
+	if (value) {
+		r = dd_array_fresh_entry(&md->refcount, value - 1, &ip->rc,
+					 (void **)&ip->re);
+		if (r)
+			goto out;
+		if (ip->new_block)
+			r = dd_array_fresh_entry(&md->fingerprint, value - 1,
+						 &ip->fpl, (void **)&ip->fe);
+		else
+			r = dd_array_hold_entry(&md->fingerprint, value - 1,
+						&ip->fpl, (void **)&ip->fe);
+		if (!r && !ip->fe)
+			r = -EAGAIN;
+		if (r)
+			goto out;
+	}
+	if (ip->old && ip->old != value) {
+		r = dd_array_fresh_entry(&md->refcount, ip->old - 1,
+					 &ip->old_rc, (void **)&ip->oe);
+		if (r)
+			goto out;
+		/* Its record goes to the caller if the block is freed. */
+		if (le32_to_cpu(READ_ONCE(*ip->oe)) == 1) {
+			r = dd_array_hold_entry(&md->fingerprint, ip->old - 1,
+						&ip->old_fpl,
+						(void **)&ip->old_fe);
+			if (!r && !ip->old_fe)
+				r = -EAGAIN;
+			if (r)
+				goto out;
+		}
+	}
+	return 0;
+out:
+	dd_release_in_place(ip, false);
+	return r;
+}
+
+/*
  * Make the change to @value that dd_hold_in_place() prepared in @ip,
  * counted in *@count (the kind of write) and in in_place_changes, and
- * let the leaves go.
+ * let the leaves go. Results as dd_remap_in_place.
  */
 static int dd_change_in_place(struct dd_metadata *md, u64 lba, u64 value,
-			      struct dd_in_place *ip, u64 *count)
+			      struct dd_in_place *ip, u64 *count,
+			      struct dd_md_freed *freed)
 {
 	int r;
 
 	mutex_lock(&md->change_lock);
-	r = dd_remap_in_place(md, lba, value, ip);
-	if (!r) {
+	r = dd_remap_in_place(md, lba, value, ip, freed);
+	if (r >= 0) {
 		(*count)++;
 		md->in_place_changes++;
 	}
 	mutex_unlock(&md->change_lock);
-	dd_release_in_place(ip, !r);
+	dd_release_in_place(ip, r >= 0);
 	return r;
 }
 
 /*
  * dd_map_duplicate_in_leaf with md->lock held shared, when every entry it
- * changes lies in a leaf the running transaction already wrote and the
- * share frees nothing: after each checkpoint, the first change to a leaf
- * copies it under the exclusive lock, and the shares after it overlap.
+ * changes lies in a leaf the running transaction already wrote: after
+ * each checkpoint, the first change to a leaf copies it under the
+ * exclusive lock, and the changes after it overlap.
  * -EAGAIN: take the exclusive path, nothing changed.
  */
-static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d)
+static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
+			     struct dd_md_freed *freed)
 {
+	struct dd_in_place ip = { .fp = d->fp };
 	u64 holder[DD_MD_HOLDERS_MAX];
 	u32 rc[DD_MD_HOLDERS_MAX];
-	struct dd_in_place ip;
 	int n, i, r;
 
 	lockdep_assert_held_read(&md->lock);
@@ -1631,18 +1695,18 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d)
 	if (r)
 		return r;
 	return dd_change_in_place(md, d->lba, d->pba + 1, &ip,
-				  &md->duplicate_writes);
+				  &md->duplicate_writes, freed);
 }
 
 /*
  * dd_map_zero with md->lock held shared: over an unmapped block only the
- * count changes; over a mapped one, in place when its leaves are fresh
- * and the block it pointed at keeps a reference. -EAGAIN: the exclusive
- * path.
+ * count changes; over a mapped one, in place when its leaves are fresh.
+ * -EAGAIN: the exclusive path.
  */
-static int dd_zero_in_place(struct dd_metadata *md, u64 lba)
+static int dd_zero_in_place(struct dd_metadata *md, u64 lba,
+			    struct dd_md_freed *freed)
 {
-	struct dd_in_place ip;
+	struct dd_in_place ip = { };
 	u64 pba;
 	int r;
 
@@ -1663,7 +1727,27 @@ static int dd_zero_in_place(struct dd_metadata *md, u64 lba)
 	r = dd_hold_in_place(md, lba, 0, &ip);
 	if (r)
 		return r;
-	return dd_change_in_place(md, lba, 0, &ip, &md->zero_writes);
+	return dd_change_in_place(md, lba, 0, &ip, &md->zero_writes, freed);
+}
+
+/*
+ * dd_map_new with md->lock held shared, when the map, refcount and
+ * fingerprint leaves it changes are fresh. -EAGAIN: the exclusive path.
+ */
+static int dd_new_in_place(struct dd_metadata *md, const struct dd_md_new *nb,
+			   struct dd_md_freed *freed)
+{
+	struct dd_in_place ip = { .fp = nb->fp, .new_block = true };
+	int r;
+
+	lockdep_assert_held_read(&md->lock);
+	if (READ_ONCE(md->read_only) || md->overlaid)
+		return -EAGAIN;
+	r = dd_hold_in_place(md, nb->lba, nb->pba + 1, &ip);
+	if (r)
+		return r;
+	return dd_change_in_place(md, nb->lba, nb->pba + 1, &ip,
+				  &md->unique_writes, freed);
 }
 
 /* Nothing is stored: the block reads back as zeros. */
@@ -1698,8 +1782,21 @@ int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
 	unsigned int i;
 	int r = 0;
 
+	down_read(&md->lock);
+	for (i = 0; i < nr && !r; i++) {
+		r = dd_new_in_place(md, &nb[i], freed);
+		if (r == -EAGAIN) {
+			r = 0;
+			break;
+		}
+	}
+	up_read(&md->lock);
+	if (i == nr || r) {
+		*done = i;
+		return r;
+	}
 	down_write(&md->lock);
-	for (i = 0; i < nr && !r; i++)
+	for (; i < nr && !r; i++)
 		r = dd_map_new(md, nb[i].lba, nb[i].pba, nb[i].fp, freed);
 	up_write(&md->lock);
 	*done = i;
@@ -1717,6 +1814,12 @@ int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 	return r;
 }
 
+/* The result of a share that ends a run: a free, or a hard error. */
+static bool dd_dup_ends_run(int r)
+{
+	return r == 1 || (r < 0 && r != -ENOENT && r != -EOVERFLOW);
+}
+
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			  unsigned int nr, unsigned int *done,
 			  struct dd_md_freed *freed)
@@ -1726,11 +1829,11 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 
 	down_read(&md->lock);
 	for (; i < nr; i++) {
-		r = dd_share_in_place(md, &d[i]);
+		r = dd_share_in_place(md, &d[i], freed);
 		if (r == -EAGAIN)
 			break;
 		d[i].r = r;
-		if (r < 0 && r != -ENOENT && r != -EOVERFLOW) {
+		if (dd_dup_ends_run(r)) {
 			up_read(&md->lock);
 			*done = i + 1;
 			return;
@@ -1746,7 +1849,7 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 		r = dd_map_duplicate_in_leaf(md, d[i].lba, d[i].leaf, d[i].fp,
 					     &d[i].pba, freed);
 		d[i++].r = r;
-		if (r == 1 || (r < 0 && r != -ENOENT && r != -EOVERFLOW))
+		if (dd_dup_ends_run(r))
 			break;
 	}
 	up_write(&md->lock);
@@ -1758,7 +1861,7 @@ int dd_md_map_zero(struct dd_metadata *md, u64 lba, struct dd_md_freed *freed)
 	int r;
 
 	down_read(&md->lock);
-	r = dd_zero_in_place(md, lba);
+	r = dd_zero_in_place(md, lba, freed);
 	up_read(&md->lock);
 	if (r != -EAGAIN)
 		return r;

@@ -84,12 +84,12 @@ def test_large_overwrite_shares_and_frees(dedup, seed):
     verify_blocks(dedup.path, exp, nblocks=400)
 
 
-def test_shares_and_zeros_after_a_commit_are_made_in_place(dedup, seed):
+def test_changes_after_a_commit_are_made_in_place(dedup, seed):
     """After a commit, the first change to a metadata leaf copies it under
-    the metadata lock held exclusive; the shares and zero blocks after it
-    that free nothing change the copied leaves in place, with the lock
-    shared (the in_place_changes counter). A zero block over the last
-    reference of a block, which frees it, takes the exclusive path."""
+    the metadata lock held exclusive; the shares, zero blocks and new
+    blocks after it change the copied leaves in place, with the lock
+    shared (the in_place_changes counter), including those that free the
+    block they replace."""
     with BlockDev(dedup.path) as bd:
         bd.write_range(0, contents(seed, range(64)))
     dedup.commit()
@@ -103,22 +103,31 @@ def test_shares_and_zeros_after_a_commit_are_made_in_place(dedup, seed):
         bd.write(163, ZERO)                             # ...and its last: freed
         for i in range(8):
             bd.write(300 + i, ZERO)                     # unmapped: a count only
-    changes = 64 + 32 + 2 + 8
+        for i in range(32):
+            bd.write(400 + i, block_data(seed, 1000 + i))   # new blocks
+        for i in range(16):
+            bd.write(i, block_data(seed, 2000 + i))     # new, each frees one
+    changes = 64 + 32 + 2 + 8 + 32 + 16
     in_place = int(dedup.stats()["in_place_changes"]) - before
-    # Not all: the first share after the commit copies the leaves, the
-    # free is exclusive, and a periodic commit may fall in between.
+    # Not all: the first share after the commit copies the map and
+    # refcount leaves, the first new block the fingerprint leaf (and those
+    # of another CPU's run of blocks), and a periodic commit may fall in
+    # between.
     assert changes // 2 <= in_place <= changes - 2, in_place
     dedup.commit()
     st = dedup.status()
     assert st["duplicate_writes"] == 64, st
     assert st["zero_writes"] == 32 + 2 + 8, st
-    assert st["mapped"] == 63 + 31, st
-    assert st["data_used"] == 63, st
+    assert st["unique_writes"] == 64 + 32 + 16, st
+    assert st["mapped"] == 63 + 31 + 32, st
+    assert st["data_used"] == 63 + 32, st
     exp = {i: block_data(seed, i) for i in range(63)}
+    exp.update({i: block_data(seed, 2000 + i) for i in range(16)})
     exp.update({100 + i: block_data(seed, i) for i in range(32, 63)})
     exp.update({100 + i: ZERO for i in range(32)})
     exp.update({63: ZERO, 163: ZERO})
-    verify_blocks(dedup.path, exp, nblocks=320)
+    exp.update({400 + i: block_data(seed, 1000 + i) for i in range(32)})
+    verify_blocks(dedup.path, exp, nblocks=440)
 
 
 def test_large_fua_write_commits(make_dedup, seed):
