@@ -181,19 +181,6 @@ int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
 	return dd_hold_entry(a, index, false, true, leaf, entry);
 }
 
-/*
- * Entry @index held in @leaf, to be compared in place while changes in
- * place to a fresh leaf cannot run (the caller holds their lock): no copy
- * of an entry wider than a word is then ever half old, half new. *@entry
- * is NULL, and nothing held, when the leaf is absent. The caller releases
- * the leaf with dd_bm_release().
- */
-int dd_array_hold_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
-			void **entry)
-{
-	return dd_hold_entry(a, index, false, false, leaf, entry);
-}
-
 /* Copy the entries of leaf @leaf_nr into @entries (zeroes if absent). */
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries)
 {
@@ -216,26 +203,26 @@ int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries)
 	return 0;
 }
 
-int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
-			  u64 *out, unsigned int max)
+int dd_array_find_held(struct dd_array *a, u64 leaf_nr, const void *value,
+		       u64 *out, unsigned int max, struct dd_block *leaf)
 {
 	u64 first = leaf_nr * a->per_leaf, b, head = 0;
 	bool by_head = a->entry_size >= sizeof(u64);
-	struct dd_block leaf;
 	const u8 *e;
 	u32 i, count;
 	int n = 0, r;
 
+	leaf->buf = NULL;
 	if (first >= a->nr_entries)
 		return -ERANGE;
 	count = min_t(u64, a->per_leaf, a->nr_entries - first);
 	r = dd_find_leaf(a, leaf_nr, false, &b);
 	if (r || !b)
 		return r;
-	r = dd_read(a, b, 0, false, &leaf);
+	r = dd_read(a, b, 0, false, leaf);
 	if (r)
 		return r;
-	e = dd_payload(&leaf);
+	e = dd_payload(leaf);
 	/*
 	 * A write's candidate leaf is scanned whole: most records differ in
 	 * their first word, which is compared inline.
@@ -248,7 +235,26 @@ int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
 		if (!memcmp(e, value, a->entry_size))
 			out[n++] = first + i;
 	}
-	dd_bm_release(&leaf);
+	return n;
+}
+
+void *dd_array_held_entry(struct dd_array *a, struct dd_block *leaf,
+			  u64 index)
+{
+	u32 slot;
+
+	div_u64_rem(index, a->per_leaf, &slot);
+	return (u8 *)dd_payload(leaf) + slot * a->entry_size;
+}
+
+int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
+			  u64 *out, unsigned int max)
+{
+	struct dd_block leaf;
+	int n = dd_array_find_held(a, leaf_nr, value, out, max, &leaf);
+
+	if (leaf.buf)
+		dd_bm_release(&leaf);
 	return n;
 }
 

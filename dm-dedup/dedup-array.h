@@ -37,8 +37,6 @@ int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
 		    void **entry);
 int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
 			 void **entry);
-int dd_array_hold_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
-			void **entry);
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
 /*
  * The indices in leaf @leaf_nr whose entry equals @value, at most @max of
@@ -46,6 +44,17 @@ int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
  */
 int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
 			  u64 *out, unsigned int max);
+/*
+ * dd_array_find_in_leaf, leaving the leaf held in @leaf (->buf NULL when
+ * nothing is held: an absent leaf, or an error), so that the caller can
+ * look at the entries found again, through dd_array_held_entry(), and
+ * then release it with dd_bm_release().
+ */
+int dd_array_find_held(struct dd_array *a, u64 leaf_nr, const void *value,
+		       u64 *out, unsigned int max, struct dd_block *leaf);
+/* Entry @index, which lies in @leaf. */
+void *dd_array_held_entry(struct dd_array *a, struct dd_block *leaf,
+			  u64 index);
 int dd_array_next_leaf(struct dd_array *a, u64 *leaf_nr, u64 end_leaf);
 int dd_array_walk(struct dd_array *a, dd_leaf_fn fn, void *ctx);
 

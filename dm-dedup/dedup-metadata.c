@@ -1127,23 +1127,39 @@ static int dd_holds(struct dd_metadata *md, u64 pba, const u8 *fp, u32 *rc)
 
 /*
  * Up to @max live blocks whose record in fingerprint leaf @leaf equals
- * @fp, with their refcounts: how many.
+ * @fp, with their refcounts: how many. The leaf stays held in @fpl, as
+ * dd_array_find_held() leaves it.
  */
-static int dd_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
-			   u64 *pba, u32 *rc, unsigned int max)
+static int dd_find_holders_held(struct dd_metadata *md, u64 leaf,
+				const u8 *fp, u64 *pba, u32 *rc,
+				unsigned int max, struct dd_block *fpl)
 {
 	int n, i, live = 0, r;
 
 	lockdep_assert_held(&md->lock);
-	n = dd_array_find_in_leaf(&md->fingerprint, leaf, fp, pba, max);
+	n = dd_array_find_held(&md->fingerprint, leaf, fp, pba, max, fpl);
 	for (i = 0; i < n; i++) {
 		r = dd_get_refcount(md, pba[i], &rc[live]);
-		if (r)
+		if (r) {
+			dd_bm_release(fpl);
 			return r;
+		}
 		if (rc[live])
 			pba[live++] = pba[i];
 	}
 	return n < 0 ? n : live;
+}
+
+/* The same, the leaf let go. */
+static int dd_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
+			   u64 *pba, u32 *rc, unsigned int max)
+{
+	struct dd_block fpl;
+	int n = dd_find_holders_held(md, leaf, fp, pba, rc, max, &fpl);
+
+	if (fpl.buf)
+		dd_bm_release(&fpl);
+	return n;
 }
 
 int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
@@ -1463,17 +1479,20 @@ static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
 /*
  * A change in place, and the leaves dd_hold_in_place() holds for it until
  * dd_release_in_place(). @fp is the content's fingerprint when @value is
- * a block: that of a live block to share, or, with @new_block, that of a
- * new block to record.
+ * a block: that of a live block to share, whose record @fe points at in
+ * a leaf the caller holds, or, with @new_block, that of a new block to
+ * record.
  */
 struct dd_in_place {
 	const u8 *fp;
 	bool new_block;
-	struct dd_block map, rc, fpl, old_rc, old_fpl;
+	u8 *fe;
+	struct dd_block map, rc, fpl, old_rc;
 	__le64 *me;
 	__le32 *re, *oe;
-	u8 *fe, *old_fe;
 	u64 old;
+	bool old_fp_read;
+	u8 old_fp[DD_FP_SIZE];
 };
 
 /*
@@ -1482,8 +1501,8 @@ struct dd_in_place {
  * entry, which held ip->old (PBA + 1, or 0); ip->re and ip->fe the
  * refcount and fingerprint record of the block @value points at, NULL for
  * 0; ip->oe the refcount of the block ip->old pointed at, NULL when that
- * is nothing or the same block, and ip->old_fe its record when dropping
- * the reference may free it.
+ * is nothing or the same block, and ip->old_fp its record, read when
+ * dropping the reference looked likely to free it.
  * 1 when the block @lba pointed at is freed (*@freed says which), 0, or
  * -ENOENT, -EOVERFLOW as dd_take_duplicate. -EAGAIN: take the exclusive
  * path, which says what is wrong if anything is.
@@ -1521,7 +1540,7 @@ static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
 		return -EAGAIN;
 	if (oe) {
 		orc = le32_to_cpu(READ_ONCE(*oe));
-		if (!orc || (orc == 1 && !ip->old_fe))
+		if (!orc || (orc == 1 && !ip->old_fp_read))
 			return -EAGAIN;
 	}
 	WRITE_ONCE(md->dirty, true);
@@ -1557,7 +1576,7 @@ static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
 		return 0;
 	md->live--;
 	freed->pba = old - 1;
-	memcpy(freed->fp, ip->old_fe, DD_FP_SIZE);
+	memcpy(freed->fp, ip->old_fp, DD_FP_SIZE);
 	mutex_lock(&md->data_lock);
 	dd_space_release(&md->data, old - 1);
 	mutex_unlock(&md->data_lock);
@@ -1575,12 +1594,10 @@ static void dd_release_one(struct dd_block *blk, bool changed)
 /* Let go of what dd_hold_in_place() holds, all or part of it. */
 static void dd_release_in_place(struct dd_in_place *ip, bool changed)
 {
-	if (ip->old_fe)
-		dd_bm_release(&ip->old_fpl);
 	if (ip->oe)
 		dd_release_one(&ip->old_rc, changed);
-	if (ip->fe)
-		dd_release_one(&ip->fpl, changed && ip->new_block);
+	if (ip->new_block && ip->fe)
+		dd_release_one(&ip->fpl, changed);
 	if (ip->re)
 		dd_release_one(&ip->rc, changed);
 	dd_release_one(&ip->map, changed);
@@ -1589,17 +1606,14 @@ static void dd_release_in_place(struct dd_in_place *ip, bool changed)
 /*
  * Hold @lba's map entry and the entries a change of it to @value (PBA +
  * 1, or 0) touches, if the leaves it changes are fresh; ip->old is what
- * @lba maps. -EAGAIN: one is not, take the exclusive path.
+ * @lba maps. The caller zeroed @ip but for what struct dd_in_place says
+ * it sets. -EAGAIN: a leaf is not fresh, take the exclusive path.
  */
 static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
 			    struct dd_in_place *ip)
 {
 	int r;
 
-	ip->re = NULL;
-	ip->oe = NULL;
-	ip->fe = NULL;
-	ip->old_fe = NULL;
 	r = dd_array_fresh_entry(&md->map, lba, &ip->map, (void **)&ip->me);
 	if (r)
 		return r;
@@ -1608,16 +1622,12 @@ static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
 	if (value) {
 		r = dd_array_fresh_entry(&md->refcount, value - 1, &ip->rc,
 					 (void **)&ip->re);
-		if (r)
-			goto out;
-		if (ip->new_block)
+		if (!r && ip->new_block) {
 			r = dd_array_fresh_entry(&md->fingerprint, value - 1,
 						 &ip->fpl, (void **)&ip->fe);
-		else
-			r = dd_array_hold_entry(&md->fingerprint, value - 1,
-						&ip->fpl, (void **)&ip->fe);
-		if (!r && !ip->fe)
-			r = -EAGAIN;
+			if (!r && !ip->fe)
+				r = -EAGAIN;
+		}
 		if (r)
 			goto out;
 	}
@@ -1626,15 +1636,15 @@ static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
 					 &ip->old_rc, (void **)&ip->oe);
 		if (r)
 			goto out;
-		/* Its record goes to the caller if the block is freed. */
+		/*
+		 * Its record goes to the caller if the block is freed; a live
+		 * block's record does not change, so it can be read now.
+		 */
 		if (le32_to_cpu(READ_ONCE(*ip->oe)) == 1) {
-			r = dd_array_hold_entry(&md->fingerprint, ip->old - 1,
-						&ip->old_fpl,
-						(void **)&ip->old_fe);
-			if (!r && !ip->old_fe)
-				r = -EAGAIN;
+			r = dd_get_fingerprint(md, ip->old - 1, ip->old_fp);
 			if (r)
 				goto out;
+			ip->old_fp_read = true;
 		}
 	}
 	return 0;
@@ -1678,24 +1688,37 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
 	struct dd_in_place ip = { .fp = d->fp };
 	u64 holder[DD_MD_HOLDERS_MAX];
 	u32 rc[DD_MD_HOLDERS_MAX];
+	struct dd_block fpl;
 	int n, i, r;
 
 	lockdep_assert_held_read(&md->lock);
 	if (READ_ONCE(md->read_only) || md->overlaid)
 		return -EAGAIN;
-	n = dd_find_holders(md, d->leaf, d->fp, holder, rc, DD_MD_HOLDERS_MAX);
-	if (n <= 0)
-		return n ? n : -ENOENT;
+	/*
+	 * The leaf stays held: the record found must be compared again
+	 * once no change in place can move it (dd_remap_in_place).
+	 */
+	n = dd_find_holders_held(md, d->leaf, d->fp, holder, rc,
+				 DD_MD_HOLDERS_MAX, &fpl);
+	if (n <= 0) {
+		r = n ? n : -ENOENT;
+		goto out;
+	}
 	for (i = 0; i < n - 1 && rc[i] >= DD_REFCOUNT_MAX; i++)
 		;
+	r = -EOVERFLOW;
 	if (rc[i] >= DD_REFCOUNT_MAX)
-		return -EOVERFLOW;
+		goto out;
 	d->pba = holder[i];
+	ip.fe = dd_array_held_entry(&md->fingerprint, &fpl, d->pba);
 	r = dd_hold_in_place(md, d->lba, d->pba + 1, &ip);
-	if (r)
-		return r;
-	return dd_change_in_place(md, d->lba, d->pba + 1, &ip,
-				  &md->duplicate_writes, freed);
+	if (!r)
+		r = dd_change_in_place(md, d->lba, d->pba + 1, &ip,
+				       &md->duplicate_writes, freed);
+out:
+	if (fpl.buf)
+		dd_bm_release(&fpl);
+	return r;
 }
 
 /*
