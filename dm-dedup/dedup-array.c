@@ -105,6 +105,12 @@ static int dd_find_leaf(struct dd_array *a, u64 leaf_nr, bool nowait, u64 *nr)
 	return 0;
 }
 
+/* Entry @slot of the held leaf @leaf. */
+static void *dd_slot_entry(struct dd_array *a, struct dd_block *leaf, u32 slot)
+{
+	return (u8 *)dd_payload(leaf) + slot * a->entry_size;
+}
+
 /*
  * Hold the leaf of entry @index, with @entry pointing into it; *@entry is
  * NULL, and nothing held, when the leaf is absent. With @fresh, only a
@@ -131,7 +137,7 @@ static int dd_hold_entry(struct dd_array *a, u64 index, bool nowait,
 	r = dd_read(a, b, 0, nowait, leaf);
 	if (r)
 		return r;
-	*entry = (u8 *)dd_payload(leaf) + slot * a->entry_size;
+	*entry = dd_slot_entry(a, leaf, slot);
 	return 0;
 }
 
@@ -244,18 +250,7 @@ void *dd_array_held_entry(struct dd_array *a, struct dd_block *leaf,
 	u32 slot;
 
 	div_u64_rem(index, a->per_leaf, &slot);
-	return (u8 *)dd_payload(leaf) + slot * a->entry_size;
-}
-
-int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
-			  u64 *out, unsigned int max)
-{
-	struct dd_block leaf;
-	int n = dd_array_find_held(a, leaf_nr, value, out, max, &leaf);
-
-	if (leaf.buf)
-		dd_bm_release(&leaf);
-	return n;
+	return dd_slot_entry(a, leaf, slot);
 }
 
 /* A writable copy of the block at @*nr (or a new one if absent). */
@@ -310,7 +305,7 @@ int dd_array_update(struct dd_array *a, u64 index, struct dd_block *leaf,
 		node = child;
 	}
 	*leaf = node;
-	*entry = (u8 *)dd_payload(leaf) + slot * a->entry_size;
+	*entry = dd_slot_entry(a, leaf, slot);
 	return 0;
 }
 

@@ -40,15 +40,11 @@ int dd_array_fresh_entry(struct dd_array *a, u64 index, struct dd_block *leaf,
 int dd_array_read_leaf(struct dd_array *a, u64 leaf_nr, void *entries);
 /*
  * The indices in leaf @leaf_nr whose entry equals @value, at most @max of
- * them, into @out: returns how many (an absent leaf holds none).
- */
-int dd_array_find_in_leaf(struct dd_array *a, u64 leaf_nr, const void *value,
-			  u64 *out, unsigned int max);
-/*
- * dd_array_find_in_leaf, leaving the leaf held in @leaf (->buf NULL when
- * nothing is held: an absent leaf, or an error), so that the caller can
- * look at the entries found again, through dd_array_held_entry(), and
- * then release it with dd_bm_release().
+ * them, into @out: returns how many (an absent leaf holds none). The leaf
+ * stays held in @leaf (->buf NULL when nothing is held: an absent leaf,
+ * or an error), so that the caller can look at the entries found again,
+ * through dd_array_held_entry(), before it releases it with
+ * dd_bm_release().
  */
 int dd_array_find_held(struct dd_array *a, u64 leaf_nr, const void *value,
 		       u64 *out, unsigned int max, struct dd_block *leaf);

@@ -1526,13 +1526,13 @@ static int dd_remap_in_place(struct dd_metadata *md, u64 lba, u64 value,
 	 */
 	if (re) {
 		rc = le32_to_cpu(READ_ONCE(*re));
-		if (ip->new_block && rc)
-			return -EAGAIN;
-		if (!ip->new_block) {
-			if (!rc || memcmp(ip->fe, ip->fp, DD_FP_SIZE))
-				return -ENOENT;
-			if (rc >= DD_REFCOUNT_MAX)
-				return -EOVERFLOW;
+		if (ip->new_block) {
+			if (rc)
+				return -EAGAIN;
+		} else if (!rc || memcmp(ip->fe, ip->fp, DD_FP_SIZE)) {
+			return -ENOENT;
+		} else if (rc >= DD_REFCOUNT_MAX) {
+			return -EOVERFLOW;
 		}
 	}
 	/* Changes to one logical block are ordered (cells): never true. */
@@ -1589,6 +1589,16 @@ static void dd_release_one(struct dd_block *blk, bool changed)
 		dd_bm_release_dirty(blk);
 	else
 		dd_bm_release(blk);
+}
+
+/*
+ * No change in place once the metadata is read-only, nor while a journal
+ * the trees do not hold is read through an overlay: the exclusive path
+ * refuses them, and says why.
+ */
+static bool dd_in_place_refused(struct dd_metadata *md)
+{
+	return READ_ONCE(md->read_only) || md->overlaid;
 }
 
 /* Let go of what dd_hold_in_place() holds, all or part of it. */
@@ -1692,7 +1702,7 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
 	int n, i, r;
 
 	lockdep_assert_held_read(&md->lock);
-	if (READ_ONCE(md->read_only) || md->overlaid)
+	if (dd_in_place_refused(md))
 		return -EAGAIN;
 	/*
 	 * The leaf stays held: the record found must be compared again
@@ -1734,7 +1744,7 @@ static int dd_zero_in_place(struct dd_metadata *md, u64 lba,
 	int r;
 
 	lockdep_assert_held_read(&md->lock);
-	if (READ_ONCE(md->read_only) || md->overlaid)
+	if (dd_in_place_refused(md))
 		return -EAGAIN;
 	r = dd_map_entry(md, lba, &pba, false);
 	if (r == -ENODATA) {
@@ -1764,7 +1774,7 @@ static int dd_new_in_place(struct dd_metadata *md, const struct dd_md_new *nb,
 	int r;
 
 	lockdep_assert_held_read(&md->lock);
-	if (READ_ONCE(md->read_only) || md->overlaid)
+	if (dd_in_place_refused(md))
 		return -EAGAIN;
 	r = dd_hold_in_place(md, nb->lba, nb->pba + 1, &ip);
 	if (r)
