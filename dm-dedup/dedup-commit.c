@@ -166,6 +166,12 @@ void dd_read_track(struct dedup_c *dc, struct dd_io *io)
 	atomic_inc(&dc->reads_inflight);
 }
 
+/* A hint for batching: the count may change as soon as it is read. */
+unsigned int dd_reads_in_flight(struct dedup_c *dc)
+{
+	return atomic_read(&dc->reads_inflight);
+}
+
 void dd_read_untrack(struct dedup_c *dc, struct dd_io *io)
 {
 	if ((io->flags & DD_IO_READ_TRACKED) &&

@@ -165,11 +165,16 @@ struct dedup_c {
 	struct work_struct write_work;	/* submits them, a batch at a time */
 	struct llist_head stored;	/* runs whose data write completed */
 	struct work_struct stored_work;	/* maps them, a batch at a time */
+	struct llist_head to_read;	/* remapped reads waiting to go out */
+	struct work_struct read_work;	/* submits them, a batch at a time */
+	unsigned int read_batch_avg;	/* reads per batch, recent average */
 	mempool_t write_pool;		/* struct dd_write */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic_t writes_inflight;	/* from their map to their end */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
+	atomic64_t read_batches;	/* submissions of dc->to_read */
+	atomic64_t batched_reads;	/* reads they submitted */
 	/* writes acknowledged before they are done (early_ack) */
 	spinlock_t ack_lock;		/* protects the three below */
 	unsigned int acked_blocks;	/* their blocks; read without the lock */
@@ -266,6 +271,7 @@ enum dd_io_flags {
 struct dd_io {
 	struct dedup_c *dc;
 	struct work_struct work;	/* a read's or a discard's */
+	struct llist_node read_node;	/* a read in dc->to_read */
 	u64 lba;
 	unsigned int flags;
 	struct dd_cell cell;		/* a discard's turn, or a read's */
@@ -329,5 +335,6 @@ void dd_let_commit_in(struct dedup_c *dc);
 void dd_low_water_check(struct dedup_c *dc, u64 free);
 void dd_read_track(struct dedup_c *dc, struct dd_io *io);
 void dd_read_untrack(struct dedup_c *dc, struct dd_io *io);
+unsigned int dd_reads_in_flight(struct dedup_c *dc);
 
 #endif

@@ -185,6 +185,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("data_write_errors %lld\n",
 	       atomic64_read(&dc->data_write_errors));
 	DMEMIT("deferred_reads %lld\n", atomic64_read(&dc->deferred_reads));
+	DMEMIT("read_batches %lld\n", atomic64_read(&dc->read_batches));
+	DMEMIT("batched_reads %lld\n", atomic64_read(&dc->batched_reads));
 	DMEMIT("early_acks %lld\n", atomic64_read(&dc->early_acks));
 	DMEMIT("early_acked_blocks_in_flight %u\n", READ_ONCE(dc->acked_blocks));
 	DMEMIT("ordered_waits %llu\n", READ_ONCE(dc->cells.waits));
@@ -654,7 +656,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 5, 0},
+	.version = {1, 6, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -13,7 +13,9 @@
 #                                  rand<dup>q<depth>, e.g. rand0q4: the same
 #                                  at another iodepth;
 #                                  randread: 4 KiB random reads after a fill
-#                                  of PROFILE_BYTES with 1 MiB writes;
+#                                  of PROFILE_BYTES with 1 MiB writes,
+#                                  iodepth 32; randreadq<depth>, e.g.
+#                                  randreadq1: the same at another iodepth;
 #                                  fsync, fsync100: 4 KiB writes, an fsync
 #                                  after each, iodepth 1; unique data, or
 #                                  all duplicates; fsync4: an fsync after
@@ -84,6 +86,9 @@ workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
         rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
         rand50|rand90)
             opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${1#rand}) ;;
+        randreadq*) # the same at another iodepth, e.g. randreadq1
+            opts=(--rw=randread --bs=4k --iodepth=${1#randreadq})
+            fill=(--rw=write --bs=1M --iodepth=4) ;;
         rand*q*)    # rand<duplicate %>q<iodepth>, e.g. rand0q4
             local d=${1#rand}
             opts=(--rw=randwrite --bs=4k --iodepth=${d#*q} --dedupe_percentage=${d%q*}) ;;
@@ -167,7 +172,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
         # data and the completions.
         echo "--- the steps of a bio (inclusive) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --children --sort sym --stdio -g none \
-            2>/dev/null | grep -E '\] (dd_io_map|dd_write_start|dd_hash_work|dd_decide_and_act|dd_decide_write|dd_stored_work|dd_run_done_work|dd_decide_stored_runs|dd_run_endio|dd_submit_run|dd_map_read|dm_submit_bio|bio_endio|blk_mq_dispatch_rq_list|virtblk_done|schedule|process_one_work)$' |
+            2>/dev/null | grep -E '\] (dd_io_map|dd_write_start|dd_hash_work|dd_decide_and_act|dd_decide_write|dd_stored_work|dd_run_done_work|dd_decide_stored_runs|dd_run_endio|dd_submit_run|dd_map_read|dd_read_batch_work|dm_submit_bio|bio_endio|blk_mq_dispatch_rq_list|virtblk_done|schedule|process_one_work)$' |
             sed 's/[[:space:]]*$//' || echo "(none sampled)"
         echo "--- by module ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort dso --stdio -g none \

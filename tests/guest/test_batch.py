@@ -13,6 +13,7 @@ check --data` on the devices.
 import errno
 import os
 import random
+import threading
 
 import pytest
 
@@ -179,6 +180,66 @@ def test_large_reads_follow_runs(make_dedup, seed):
     verify_blocks(dd.path, exp, nblocks=300)
     assert int(dd.stats()["deferred_reads"]) > 0, \
         "no read after the reload went through the worker"
+
+
+def test_reads_in_flight_go_out_in_batches(make_dedup, seed):
+    """Under load (more than 8 reads in flight, or 2 once batches have been
+    large), remapped reads are submitted from one work item a batch at a
+    time under one plug (one doorbell); otherwise from the map function.
+    Reads one at a time are never batched; reads of 1 MiB cut at every
+    run (each piece stays in flight while the next is mapped) are, and
+    with sixteen threads reading single blocks at random, all get the
+    right bytes."""
+    dd = make_dedup()
+    rng = random.Random(seed)
+    # 2048 blocks: repeats make runs break wherever a block is a duplicate.
+    ids = [rng.randrange(600) for _ in range(2048)]
+    exp = {}
+    with BlockDev(dd.path) as bd:
+        for start in range(0, len(ids), 256):
+            bd.write_range(start, contents(seed, ids[start:start + 256]))
+        bd.fsync()
+    for lba, bid in enumerate(ids):
+        exp[lba] = block_data(seed, bid)
+    ddlib.udev_settle()
+
+    def batches():
+        st = dd.stats()
+        return int(st["read_batches"]), int(st["batched_reads"])
+
+    b0 = batches()
+    with BlockDev(dd.path, readonly=True) as bd:
+        for lba in rng.sample(range(len(ids)), 200):
+            assert bd.read(lba) == exp[lba], "lba %d" % lba
+    assert batches() == b0, "reads one at a time went out in batches"
+
+    with BlockDev(dd.path, readonly=True) as bd:
+        got = bd.read_range(0, len(ids))
+    bad = [lba for lba in range(len(ids)) if got[lba] != exp[lba]]
+    assert not bad, "blocks differ: %s" % bad[:20]
+    b1 = batches()
+    assert b1[0] > b0[0] and b1[1] >= b1[0], \
+        "no read went out in a batch: %s -> %s" % (b0, b1)
+
+    errors = []
+
+    def reader(n):
+        r = random.Random(seed + n)
+        try:
+            with BlockDev(dd.path, readonly=True) as bd:
+                for _ in range(300):
+                    lba = r.randrange(len(ids))
+                    if bd.read(lba) != exp[lba]:
+                        errors.append(lba)
+        except Exception as e:  # reported below, with the lbas
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, "wrong bytes or errors: %s" % errors[:20]
 
 
 def test_data_write_error_fails_the_write_only(backing, seed):
