@@ -169,9 +169,13 @@ static void dd_read_batch_work(struct work_struct *work)
 	blk_finish_plug(&plug);
 	atomic64_inc(&dc->read_batches);
 	atomic64_add(nr, &dc->batched_reads);
-	/* A work item never runs twice at once: the only writer. */
+	/*
+	 * A work item never runs twice at once: the only writer. Each batch
+	 * weighs a quarter; in unsigned terms, so that a batch below the
+	 * average cannot wrap it around.
+	 */
 	avg = READ_ONCE(dc->read_batch_avg);
-	avg += ((nr << DD_READ_AVG_SHIFT) - avg) / 4;
+	avg = avg - avg / 4 + (nr << (DD_READ_AVG_SHIFT - 2));
 	WRITE_ONCE(dc->read_batch_avg, avg);
 }
 
