@@ -167,7 +167,8 @@ struct dedup_c {
 	struct work_struct stored_work;	/* maps them, a batch at a time */
 	struct llist_head to_read;	/* remapped reads waiting to go out */
 	struct work_struct read_work;	/* submits them, a batch at a time */
-	unsigned int read_batch_avg;	/* reads per batch, recent average */
+	bool read_batching;		/* reads go out in batches */
+	unsigned int read_batch_avg;	/* reads per batch; read_work's own */
 	mempool_t write_pool;		/* struct dd_write */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic_t writes_inflight;	/* from their map to their end */

@@ -183,13 +183,14 @@ def test_large_reads_follow_runs(make_dedup, seed):
 
 
 def test_reads_in_flight_go_out_in_batches(make_dedup, seed):
-    """Under load (more than 8 reads in flight, or 2 once batches have been
-    large), remapped reads are submitted from one work item a batch at a
-    time under one plug (one doorbell); otherwise from the map function.
-    Reads one at a time are never batched; reads of 1 MiB cut at every
-    run (each piece stays in flight while the next is mapped) are, and
+    """Under load (more than 8 reads in flight, then 2 for as long as the
+    batches stay large), remapped reads are submitted from one work item a
+    batch at a time under one plug (one doorbell); otherwise from the map
+    function. Reads one at a time are never batched; reads of 1 MiB cut at
+    every run (each piece stays in flight while the next is mapped) are;
     with sixteen threads reading single blocks at random, all get the
-    right bytes."""
+    right bytes; and when the load falls to two readers, the batches of
+    one or two reads end batching after a few."""
     dd = make_dedup()
     rng = random.Random(seed)
     # 2048 blocks: repeats make runs break wherever a block is a duplicate.
@@ -234,12 +235,24 @@ def test_reads_in_flight_go_out_in_batches(make_dedup, seed):
         except Exception as e:  # reported below, with the lbas
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=reader, args=(n,)) for n in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, "wrong bytes or errors: %s" % errors[:20]
+    def read_with(nthreads):
+        threads = [threading.Thread(target=reader, args=(n,))
+                   for n in range(nthreads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, "wrong bytes or errors: %s" % errors[:20]
+
+    read_with(16)
+    b2 = batches()
+    assert b2[0] > b1[0], "sixteen readers were never batched"
+    read_with(2)
+    b3 = batches()
+    # Batching that never ended took 148 batches here in a trial;
+    # the average falls from at most 16 reads to 2.5 in under 10 batches.
+    assert b3[0] - b2[0] < 30, \
+        "two readers kept batching: %s -> %s" % (b2, b3)
 
 
 def test_data_write_error_fails_the_write_only(backing, seed):
