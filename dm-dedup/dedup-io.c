@@ -195,8 +195,11 @@ static void dd_read_batch_work(struct work_struct *work)
 /* A read remapped in the map function (and tracked): now, or batched. */
 static int dd_read_go(struct dedup_c *dc, struct dd_io *io)
 {
-	unsigned int n = dd_reads_in_flight(dc);
+	unsigned int n;
 
+	if (dc->no_read_batching)
+		return DM_MAPIO_REMAPPED;
+	n = dd_reads_in_flight(dc);
 	if (!READ_ONCE(dc->read_batching)) {
 		if (n <= DD_READ_BATCH_ENTER)
 			return DM_MAPIO_REMAPPED;

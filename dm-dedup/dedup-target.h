@@ -102,6 +102,7 @@ struct dedup_c {
 	bool discard_passdown;
 	bool early_ack;		/* writes acknowledged once decided */
 	bool read_only;
+	bool no_read_batching;	/* every read goes out from the map function */
 	bool index_loaded;	/* at activation, from a clean close's save */
 	u64 activation_ms;	/* opening the metadata and the index */
 

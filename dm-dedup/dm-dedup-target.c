@@ -86,7 +86,7 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			  dc->verify +
 			  2 * (dc->commit_interval != DD_DEFAULT_COMMIT_INTERVAL) +
 			  dc->discard_passdown + 2 * !!dc->low_water_mark +
-			  dc->early_ack + dc->read_only;
+			  dc->early_ack + dc->read_only + dc->no_read_batching;
 		DMEMIT("%s %s", dc->meta_dev->name, dc->data_dev->name);
 		if (nr_opts)
 			DMEMIT(" %u", nr_opts);
@@ -104,6 +104,8 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			DMEMIT(" early_ack");
 		if (dc->read_only)
 			DMEMIT(" read_only");
+		if (dc->no_read_batching)
+			DMEMIT(" no_read_batching");
 		break;
 	case STATUSTYPE_IMA:
 		*result = '\0';
@@ -289,7 +291,7 @@ static void dedup_resume(struct dm_target *ti)
 static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 			    const char **hash, char **error)
 {
-	static const struct dm_arg nr_opts = {0, 10, "Invalid number of optional arguments"};
+	static const struct dm_arg nr_opts = {0, 11, "Invalid number of optional arguments"};
 	static const struct dm_arg interval = {1, DD_MAX_COMMIT_INTERVAL,
 		"Invalid commit_interval (seconds, 1-3600)"};
 	unsigned int count;
@@ -315,6 +317,8 @@ static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 			dc->early_ack = true;
 		} else if (!strcasecmp(opt, "read_only")) {
 			dc->read_only = true;
+		} else if (!strcasecmp(opt, "no_read_batching")) {
+			dc->no_read_batching = true;
 		} else if (!strcasecmp(opt, "hash") && count) {
 			*hash = dm_shift_arg(as);
 			count--;
@@ -497,7 +501,7 @@ static int dd_claim_devices(struct dedup_c *dc, bool *reload)
 /*
  * <metadata dev> <data dev> [<#opt args> [hash <alg>] [verify]
  *   [commit_interval <s>] [discard_passdown] [low_water_mark <blocks>]
- *   [early_ack] [read_only]]
+ *   [early_ack] [read_only] [no_read_batching]]
  */
 static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 {
@@ -656,7 +660,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 6, 0},
+	.version = {1, 7, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -182,60 +182,56 @@ def test_large_reads_follow_runs(make_dedup, seed):
         "no read after the reload went through the worker"
 
 
-def test_reads_in_flight_go_out_in_batches(make_dedup, seed):
-    """Under load (more than 8 reads in flight, then 2 for as long as the
-    batches stay large), remapped reads are submitted from one work item a
-    batch at a time under one plug (one doorbell); otherwise from the map
-    function. Reads one at a time are never batched; reads of 1 MiB cut at
-    every run (each piece stays in flight while the next is mapped) are;
-    with sixteen threads reading single blocks at random, all get the
-    right bytes; and when the load falls to two readers, the batches of
-    one or two reads end batching after a few."""
-    dd = make_dedup()
-    rng = random.Random(seed)
-    # 2048 blocks: repeats make runs break wherever a block is a duplicate.
-    ids = [rng.randrange(600) for _ in range(2048)]
-    exp = {}
-    with BlockDev(dd.path) as bd:
-        for start in range(0, len(ids), 256):
-            bd.write_range(start, contents(seed, ids[start:start + 256]))
-        bd.fsync()
-    for lba, bid in enumerate(ids):
-        exp[lba] = block_data(seed, bid)
-    ddlib.udev_settle()
+class FragmentedReads:
+    """A device holding 2048 blocks written 256 at a time, where repeats
+    break the physical runs wherever a block is a duplicate, and readers
+    that check every block they read."""
 
-    def batches():
-        st = dd.stats()
+    def __init__(self, make_dedup, seed, opts=()):
+        self.dd = make_dedup(opts=opts)
+        self.seed = seed
+        rng = random.Random(seed)
+        ids = [rng.randrange(600) for _ in range(2048)]
+        with BlockDev(self.dd.path) as bd:
+            for start in range(0, len(ids), 256):
+                bd.write_range(start, contents(seed, ids[start:start + 256]))
+            bd.fsync()
+        self.exp = [block_data(seed, bid) for bid in ids]
+        ddlib.udev_settle()
+
+    def batches(self):
+        st = self.dd.stats()
         return int(st["read_batches"]), int(st["batched_reads"])
 
-    b0 = batches()
-    with BlockDev(dd.path, readonly=True) as bd:
-        for lba in rng.sample(range(len(ids)), 200):
-            assert bd.read(lba) == exp[lba], "lba %d" % lba
-    assert batches() == b0, "reads one at a time went out in batches"
+    def read_one_at_a_time(self, n):
+        rng = random.Random(self.seed + 99)
+        with BlockDev(self.dd.path, readonly=True) as bd:
+            for lba in rng.sample(range(len(self.exp)), n):
+                assert bd.read(lba) == self.exp[lba], "lba %d" % lba
 
-    with BlockDev(dd.path, readonly=True) as bd:
-        got = bd.read_range(0, len(ids))
-    bad = [lba for lba in range(len(ids)) if got[lba] != exp[lba]]
-    assert not bad, "blocks differ: %s" % bad[:20]
-    b1 = batches()
-    assert b1[0] > b0[0] and b1[1] >= b1[0], \
-        "no read went out in a batch: %s -> %s" % (b0, b1)
+    def read_all(self):
+        """One read of 1 MiB after another: dm core cuts each at every run,
+        and each piece stays in flight while the next is mapped."""
+        with BlockDev(self.dd.path, readonly=True) as bd:
+            got = bd.read_range(0, len(self.exp))
+        bad = [lba for lba in range(len(self.exp)) if got[lba] != self.exp[lba]]
+        assert not bad, "blocks differ: %s" % bad[:20]
 
-    errors = []
+    def read_with(self, nthreads, reads=300):
+        """nthreads threads reading single blocks at random."""
+        errors = []
 
-    def reader(n):
-        r = random.Random(seed + n)
-        try:
-            with BlockDev(dd.path, readonly=True) as bd:
-                for _ in range(300):
-                    lba = r.randrange(len(ids))
-                    if bd.read(lba) != exp[lba]:
-                        errors.append(lba)
-        except Exception as e:  # reported below, with the lbas
-            errors.append(repr(e))
+        def reader(n):
+            r = random.Random(self.seed + n)
+            try:
+                with BlockDev(self.dd.path, readonly=True) as bd:
+                    for _ in range(reads):
+                        lba = r.randrange(len(self.exp))
+                        if bd.read(lba) != self.exp[lba]:
+                            errors.append(lba)
+            except Exception as e:  # reported below, with the lbas
+                errors.append(repr(e))
 
-    def read_with(nthreads):
         threads = [threading.Thread(target=reader, args=(n,))
                    for n in range(nthreads)]
         for t in threads:
@@ -244,15 +240,45 @@ def test_reads_in_flight_go_out_in_batches(make_dedup, seed):
             t.join()
         assert not errors, "wrong bytes or errors: %s" % errors[:20]
 
-    read_with(16)
-    b2 = batches()
+
+def test_reads_in_flight_go_out_in_batches(make_dedup, seed):
+    """Under load (more than 4 reads in flight, then 2 for as long as the
+    batches stay large), remapped reads are submitted from one work item a
+    batch at a time under one plug (one doorbell); otherwise from the map
+    function. Reads one at a time are never batched; reads of 1 MiB cut at
+    every run are; with sixteen threads reading single blocks at random,
+    all get the right bytes; and when the load falls to two readers, the
+    batches of one or two reads end batching after a few."""
+    fr = FragmentedReads(make_dedup, seed)
+    b0 = fr.batches()
+    fr.read_one_at_a_time(200)
+    assert fr.batches() == b0, "reads one at a time went out in batches"
+
+    fr.read_all()
+    b1 = fr.batches()
+    assert b1[0] > b0[0] and b1[1] >= b1[0], \
+        "no read went out in a batch: %s -> %s" % (b0, b1)
+
+    fr.read_with(16)
+    b2 = fr.batches()
     assert b2[0] > b1[0], "sixteen readers were never batched"
-    read_with(2)
-    b3 = batches()
+    fr.read_with(2)
+    b3 = fr.batches()
     # Batching that never ended took 148 batches here in a trial;
     # the average falls from at most 16 reads to 2.5 in under 10 batches.
     assert b3[0] - b2[0] < 30, \
         "two readers kept batching: %s -> %s" % (b2, b3)
+
+
+def test_no_read_batching_sends_every_read_at_once(make_dedup, seed):
+    """With the table option no_read_batching, the loads that batch above
+    (1 MiB reads cut at every run, sixteen readers) read the right bytes
+    and no read goes out in a batch; the option shows in the table."""
+    fr = FragmentedReads(make_dedup, seed, opts=["no_read_batching"])
+    assert fr.dd.table().endswith(" 1 no_read_batching"), fr.dd.table()
+    fr.read_all()
+    fr.read_with(16)
+    assert fr.batches() == (0, 0), "batched with no_read_batching"
 
 
 def test_data_write_error_fails_the_write_only(backing, seed):

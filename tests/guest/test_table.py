@@ -196,7 +196,7 @@ def test_table_options_canonical_order(backing):
 @pytest.mark.parametrize("opts", [
     [],
     ["hash", "crc32c", "verify", "commit_interval", "7", "discard_passdown",
-     "low_water_mark", "32", "early_ack"],
+     "low_water_mark", "32", "early_ack", "no_read_batching"],
 ], ids=["defaults", "all-options"])
 def test_table_output_loads_back(backing, seed, opts):
     """The printed table line creates an identical device after removal."""

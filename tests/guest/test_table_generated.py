@@ -26,6 +26,7 @@ OPTIONS = {          # option -> (valid value or None for a flag)
     "low_water_mark": "100",
     "early_ack": None,
     "read_only": None,
+    "no_read_batching": None,
 }
 BAD_NUMBERS = {
     "commit_interval": ["0", "3601", "-1", "abc", "1e3", "0x10", "", "99999999999999999999"],
