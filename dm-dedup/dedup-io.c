@@ -150,9 +150,10 @@ static bool dd_read_behind_write(struct dedup_c *dc, struct dd_io *io)
  * DD_READ_BATCH_ENTER are in flight; from then on every read that has
  * another in flight is batched, until the recent batches carry fewer than
  * DD_READ_BATCH_LEAVE (2.5) reads on average, the sign that the load has
- * fallen. Under TCG this kept iodepth 1 to 8 as fast as direct submission
- * and took iodepth 16 and 32 from 28 to 45 and 66 MiB/s; one threshold
- * on the depth alone (the state before) seldom saw more than 8.
+ * fallen. Under TCG this left iodepth 1 and 4 level with direct
+ * submission (8 within the spread of two runs) and took iodepth 16 and 32
+ * from 28 to 45 and 66 MiB/s; one threshold on the depth alone (the rule
+ * before) seldom saw more than 8.
  */
 #define DD_READ_BATCH_ENTER	4
 /* dc->read_batch_avg is fixed point, in sixteenths of a read */
