@@ -5,12 +5,13 @@
  * waiting for freed blocks), and what happens when metadata I/O fails.
  * Creates dc->lock; dedup-target.h has its rules.
  *
- * A flush or FUA write needs an append (dd_flush): the data device is
- * flushed with no lock held, the changes are taken under dc->lock held
- * exclusive for that alone, and written to the journal with FUA while
- * writers go on. Commits (checkpoints of the journal) come from the
- * interval, a half-full journal, the commit message, writers that need
- * freed blocks, and suspend.
+ * A flush or FUA write needs an append (dd_flush): the changes are taken
+ * under dc->lock held exclusive for that alone, and written to the
+ * journal with FUA while the data device is flushed and writers go on;
+ * replay checks the data of an append whose flush a crash cut short.
+ * Commits (checkpoints of the journal) come from the interval, a
+ * half-full journal, the commit message, writers that need freed
+ * blocks, and suspend.
  *
  * A commit holds dc->lock exclusive only to write the metadata, and most
  * of that was written ahead while writers went on. The data the new
@@ -396,39 +397,87 @@ static int dd_commit_needed(struct dedup_c *dc, bool *dirty)
 }
 
 /*
- * What the new state points at must be stable before the state: flush
- * the data device, with no lock that writers need. Runs whose write
- * completes from here on wait for this commit (dd_data_covered).
+ * What the new state points at must be stable before the state counts:
+ * a flush of the data device, begun with no lock that writers need.
+ * Runs whose write completes from here on wait for the state taken next
+ * (dd_data_covered).
  *
- * Not when no data write completed since the last flush that succeeded
- * was issued: that flush covers every write the new state can point at
- * (a run mapped now counted its write before this flush began, or it
- * waits), so a flush after duplicates, discards or zero writes only
- * costs the data device nothing; nor when a flush sent ahead covers them
- * (dd_flush_ahead). The first flush of an activation is always sent.
+ * None is sent when no data write completed since the last flush that
+ * succeeded was issued: that flush covers every write the new state can
+ * point at (a run mapped now counted its write before this flush began,
+ * or it waits), so a flush after duplicates, discards or zero writes
+ * only costs the data device nothing; nor when a flush sent ahead
+ * covers them (dd_flush_ahead): that one is waited for instead.
  */
-static int dd_commit_flush_data(struct dedup_c *dc)
+struct dd_data_flush {
+	struct bio bio;
+	struct completion done;
+	u64 count;		/* data_writes_done when it began */
+	bool sent;		/* bio is ours and on its way */
+};
+
+static void dd_data_flush_endio(struct bio *bio)
 {
-	u64 done;
-	int r;
+	complete(&container_of(bio, struct dd_data_flush, bio)->done);
+}
+
+static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f)
+{
+	bool covered;
 
 	lockdep_assert_held(&dc->commit_mutex);
 	WRITE_ONCE(dc->flush_seq, dc->flush_seq + 1);
 	/* Counted before the flush is issued: see dd_flush_ticket(). */
 	smp_mb();
-	done = atomic64_read(&dc->data_writes_done);
-	if (dd_data_flush_covers(dc, done)) {
+	f->count = atomic64_read(&dc->data_writes_done);
+	f->sent = false;
+	spin_lock_irq(&dc->flush_lock);
+	covered = dd_data_stable(dc, f->count) ||
+		  (dc->ahead_inflight && dc->ahead_count >= f->count);
+	spin_unlock_irq(&dc->flush_lock);
+	if (covered)
+		return;
+	init_completion(&f->done);
+	bio_init(&f->bio, dc->data_dev->bdev, NULL, 0,
+		 REQ_OP_WRITE | REQ_PREFLUSH | REQ_SYNC);
+	f->bio.bi_end_io = dd_data_flush_endio;
+	submit_bio(&f->bio);
+	f->sent = true;
+}
+
+/* The flush begun is done: 0 if the data it covers is stable. */
+static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
+{
+	int r;
+
+	lockdep_assert_held(&dc->commit_mutex);
+	if (!f->sent && dd_data_flush_covers(dc, f->count)) {
 		WRITE_ONCE(dc->data_flushes_skipped,
 			   dc->data_flushes_skipped + 1);
 		return 0;
 	}
-	r = blkdev_issue_flush(dc->data_dev->bdev);
+	if (f->sent) {
+		wait_for_completion_io(&f->done);
+		r = blk_status_to_errno(f->bio.bi_status);
+		bio_uninit(&f->bio);
+	} else {
+		/* The flush sent ahead failed: try one of our own. */
+		r = blkdev_issue_flush(dc->data_dev->bdev);
+	}
 	if (!r) {
 		spin_lock_irq(&dc->flush_lock);
-		dd_data_flush_succeeded(dc, done);
+		dd_data_flush_succeeded(dc, f->count);
 		spin_unlock_irq(&dc->flush_lock);
 	}
 	return r;
+}
+
+static int dd_commit_flush_data(struct dedup_c *dc)
+{
+	struct dd_data_flush f;
+
+	dd_data_flush_begin(dc, &f);
+	return dd_data_flush_end(dc, &f);
 }
 
 /* The metadata part, under the transaction lock held exclusive. */
@@ -567,13 +616,20 @@ int dd_commit(struct dedup_c *dc)
  * What a flush or FUA write needs: the changes made so far durable. With
  * a journal that is one append, written with no lock that writers need;
  * without one, or when the journal cannot take it, a commit.
+ *
+ * The append and the data flush it needs go out together: the append is
+ * marked unflushed, and replay drops it if the data of a block it made
+ * live is not there (Documentation/dedup-format.rst, "The newest
+ * append"). Only the newest append can be such: the flush request
+ * completes, and the next append begins, once both are done.
  */
 static int dd_flush(struct dedup_c *dc)
 {
 	struct dd_journal_batch batch;
+	struct dd_data_flush f;
+	bool dirty, flushed = false;
 	LIST_HEAD(covered);
-	bool dirty;
-	int r;
+	int r, fr = 0;
 
 	mutex_lock(&dc->commit_mutex);
 	r = dd_commit_needed(dc, &dirty);
@@ -590,26 +646,40 @@ static int dd_flush(struct dedup_c *dc)
 	 */
 	if (!dd_md_journal_pending(dc->md))
 		goto out;
-	r = dd_commit_flush_data(dc);
+	dd_data_flush_begin(dc, &f);
 	down_write(&dc->lock);
-	if (r)
-		/* Records may point at data that is not stable. */
-		dd_metadata_error(dc, "flushing the data device", r);
-	else if (READ_ONCE(dc->mode) != DD_MODE_RW)
+	if (READ_ONCE(dc->mode) != DD_MODE_RW)
 		r = -EIO;
 	else
 		r = dd_md_journal_take(dc->md, &batch);
+	/* Runs this flush may not cover go to the next batch. */
 	dd_data_flushed(dc, &covered);
 	up_write(&dc->lock);
 	dd_map_covered(dc, &covered);
 
-	if (!r) {
+	if (!r && !batch.unflushed) {
+		/* The superblock does not allow it yet: the data first. */
+		fr = dd_data_flush_end(dc, &f);
+		flushed = true;
+		if (fr)
+			dd_md_journal_drop(dc->md, &batch);
+	}
+	if (!r && !fr) {
 		r = dd_md_journal_write(dc->md, &batch);
 		if (r) {
 			down_write(&dc->lock);
 			dd_metadata_error(dc, "journal append", r);
 			up_write(&dc->lock);
 		}
+	}
+	if (!flushed)
+		fr = dd_data_flush_end(dc, &f);
+	if (fr) {
+		/* Records may point at data that is not stable. */
+		down_write(&dc->lock);
+		dd_metadata_error(dc, "flushing the data device", fr);
+		up_write(&dc->lock);
+		r = fr;
 	} else if (r == -ENODATA) {
 		r = 0;
 	} else if (r == -ENOSPC) {
@@ -618,6 +688,30 @@ static int dd_flush(struct dedup_c *dc)
 out:
 	mutex_unlock(&dc->commit_mutex);
 	return r;
+}
+
+/*
+ * Does data block @pba hold the data whose fingerprint @fp the journal's
+ * newest append recorded? Asked at activation, when that append was
+ * written while its data was being flushed.
+ */
+int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp)
+{
+	struct dedup_c *dc = ctx;
+	u8 found[DD_FP_SIZE];
+	struct page *page;
+	int r;
+
+	page = alloc_page(GFP_KERNEL);
+	if (!page)
+		return -ENOMEM;
+	r = dd_read_data_block(dc, pba, page);
+	if (!r)
+		r = dd_fingerprint_block(&dc->hasher, page_address(page), found);
+	__free_page(page);
+	if (r)
+		return r;
+	return memcmp(found, fp, DD_FP_SIZE) ? 1 : 0;
 }
 
 /*

@@ -321,8 +321,6 @@ static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 /* Does physical block @pba hold exactly the write's data? */
 static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 {
-	struct bio_vec rvec;
-	struct bio rbio;
 	struct page *page;
 	int r;
 
@@ -330,11 +328,7 @@ static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba
 	page = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!page)
 		return -ENOMEM;
-	bio_init(&rbio, dc->data_dev->bdev, &rvec, 1, REQ_OP_READ);
-	rbio.bi_iter.bi_sector = pba * DD_SECTORS_PER_BLOCK;
-	__bio_add_page(&rbio, page, DD_BLOCK_SIZE, 0);
-	r = submit_bio_wait(&rbio);
-	bio_uninit(&rbio);
+	r = dd_read_data_block(dc, pba, page);
 	if (!r)
 		r = dd_data_equal(page, b->data);
 	__free_page(page);

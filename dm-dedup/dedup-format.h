@@ -70,10 +70,14 @@ enum dd_saved_header {
 /*
  * Superblock flags. NEEDS_CHECK: the kernel found the metadata damaged;
  * it opens read-only until `dedup check --clear-needs-check` or `dedup
- * repair` clears the flag. Any other bit is refused.
+ * repair` clears the flag. UNFLUSHED_APPENDS: the journal's newest
+ * append may have been written before the data it points at was
+ * flushed (DD_JF_UNFLUSHED); a reader that does not know this must not
+ * replay it, so any other bit is refused.
  */
 #define DD_SB_NEEDS_CHECK	0x1U
-#define DD_SB_KNOWN_FLAGS	DD_SB_NEEDS_CHECK
+#define DD_SB_UNFLUSHED_APPENDS	0x2U
+#define DD_SB_KNOWN_FLAGS	(DD_SB_NEEDS_CHECK | DD_SB_UNFLUSHED_APPENDS)
 
 #define DD_FP_SIZE		32	/* bytes of fingerprint kept per block */
 #define DD_HASH_NAME_LEN	32
@@ -149,6 +153,8 @@ struct dd_superblock {
 #define DD_JOURNAL_MAKE_MIN	64
 #define DD_JOURNAL_MIN_BLOCKS	16
 #define DD_JF_END		0x1U	/* the last block of an append */
+/* Written while its data was being flushed: replay checks that data. */
+#define DD_JF_UNFLUSHED		0x2U
 
 struct dd_journal_header {
 	struct dd_block_header hdr;	/* type JRNL, txn informational */

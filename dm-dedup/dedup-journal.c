@@ -221,12 +221,14 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
 		h->journal_id = cpu_to_le64(j->geo.id);
 		h->epoch = cpu_to_le64(j->geo.epoch);
 		h->seq = cpu_to_le64(j->next_seq + i);
-		h->flags = cpu_to_le32(i + 1 == j->nr_pending ? DD_JF_END : 0);
+		h->flags = cpu_to_le32((i + 1 == j->nr_pending ? DD_JF_END : 0) |
+				       (j->geo.unflushed ? DD_JF_UNFLUSHED : 0));
 		h->hdr.csum = cpu_to_le32(dd_block_csum(h));
 		b->pages[i] = j->pending[i];
 	}
 	b->nr = j->nr_pending;
 	b->first_seq = j->next_seq;
+	b->unflushed = j->geo.unflushed;
 	j->next_seq += j->nr_pending;
 	j->nr_pending = 0;
 	j->used = 0;
@@ -290,6 +292,11 @@ void dd_journal_checkpointed(struct dd_journal *j, u64 epoch)
 	mutex_lock(&j->lock);
 	WARN_ON_ONCE(j->writing);
 	j->geo.epoch = epoch;
+	/*
+	 * The checkpoint's superblock has DD_SB_UNFLUSHED_APPENDS, so its
+	 * appends may be written before their data is flushed.
+	 */
+	j->geo.unflushed = true;
 	j->next_seq = max(j->next_seq, epoch);
 	j->overflow = false;
 	dd_journal_clear(j);
@@ -391,7 +398,8 @@ static int dd_replay_records(const struct dd_journal_geometry *geo,
 		*why = "bad record length";
 		return -EILSEQ;
 	}
-	if (le32_to_cpu(h->flags) & ~DD_JF_END) {
+	if (le32_to_cpu(h->flags) &
+	    ~(DD_JF_END | (geo->unflushed ? DD_JF_UNFLUSHED : 0))) {
 		*why = "unknown flags";
 		return -EILSEQ;
 	}
@@ -435,17 +443,25 @@ static int dd_replay_records(const struct dd_journal_geometry *geo,
 	return 0;
 }
 
-/* How many blocks of whole appends follow the epoch; they are checked. */
+/*
+ * How many blocks of whole appends follow the epoch; they are checked.
+ * *last: where the last whole append starts, counted from the epoch;
+ * *unflushed: whether that one was written with its data flush on its
+ * way.
+ */
 static int dd_replay_scan(struct dd_replay *rp, struct dd_journal_replayed *out,
-			  u64 *whole)
+			  u64 *whole, u64 *last, bool *unflushed)
 {
 	const struct dd_journal_geometry *geo = rp->geo;
 	const char *why = NULL;
 	struct page *p;
 	u64 i, unused;
+	u32 flags;
 	int r;
 
 	*whole = 0;
+	*last = 0;
+	*unflushed = false;
 	for (i = 0; i < geo->nr_blocks; i++) {
 		r = dd_replay_block(rp, geo->epoch + i, &p);
 		if (r)
@@ -460,7 +476,10 @@ static int dd_replay_scan(struct dd_replay *rp, struct dd_journal_replayed *out,
 			      geo->epoch + i, why);
 			return r;
 		}
-		if (le32_to_cpu(dd_jh(p)->flags) & DD_JF_END) {
+		flags = le32_to_cpu(dd_jh(p)->flags);
+		if (flags & DD_JF_END) {
+			*last = *whole;
+			*unflushed = flags & DD_JF_UNFLUSHED;
 			*whole = i + 1;
 			out->appends++;
 		}
@@ -486,15 +505,80 @@ int dd_journal_has_records(struct dd_bm *bm,
 	return r;
 }
 
+/* What dd_replay_verify() hands each record of the append it checks. */
+struct dd_replay_check {
+	dd_journal_verify_fn verify;
+	void *ctx;
+	bool failed;		/* a block without its data: drop the append */
+	int error;		/* a block that could not be checked */
+	u64 pba;		/* the block checked last */
+};
+
+static int dd_replay_check_record(void *ctx, u8 type, u64 index,
+				  const void *value)
+{
+	struct dd_replay_check *c = ctx;
+	int r;
+
+	if (type != DD_JR_FINGERPRINT)
+		return 0;
+	c->pba = index;
+	r = c->verify(c->ctx, index, value);
+	if (r > 0) {
+		c->failed = true;
+		return -ECANCELED;	/* stops the walk: the append is dropped */
+	}
+	c->error = r;
+	return r;
+}
+
+/*
+ * The blocks from @first to @end (counted from the epoch) are the last
+ * whole append, written while the data it points at was being flushed:
+ * does every block it made live hold its data? 0 if so, 1 if not (the
+ * append was never acknowledged: drop it), < 0 if that is unknown.
+ */
+static int dd_replay_verify(struct dd_replay *rp, u64 first, u64 end,
+			    dd_journal_verify_fn verify, void *vctx,
+			    struct dd_journal_replayed *out)
+{
+	struct dd_replay_check c = { .verify = verify, .ctx = vctx };
+	const struct dd_journal_geometry *geo = rp->geo;
+	const char *why;
+	struct page *p;
+	u64 k, unused;
+	int r = 0;
+
+	for (k = first; !r && k < end; k++) {
+		r = dd_replay_block(rp, geo->epoch + k, &p);
+		if (!r && !dd_continues(geo, dd_jh(p), geo->epoch + k))
+			r = -EIO;
+		if (!r)
+			r = dd_replay_records(geo, p, dd_replay_check_record,
+					      &c, &unused, &why);
+	}
+	if (c.error)
+		DMERR("%s: journal: cannot read data block %llu to check the last append: error %d",
+		      dd_bm_name(rp->bm), c.pba, c.error);
+	if (!c.failed)
+		return r;
+	out->dropped = end - first;
+	out->dropped_pba = c.pba;
+	out->appends--;
+	return 1;
+}
+
 int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      dd_journal_apply_fn apply, void *ctx,
+		      dd_journal_verify_fn verify, void *vctx,
 		      struct dd_journal_replayed *out)
 {
 	struct dd_replay rp = { .bm = bm, .geo = geo };
+	u64 whole, last, k;
+	bool unflushed;
 	const char *why;
 	struct page *p;
 	unsigned int i;
-	u64 whole, k;
 	int r = 0;
 
 	memset(out, 0, sizeof(*out));
@@ -505,7 +589,14 @@ int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 			goto out;
 		}
 	}
-	r = dd_replay_scan(&rp, out, &whole);
+	r = dd_replay_scan(&rp, out, &whole, &last, &unflushed);
+	if (!r && unflushed && verify) {
+		r = dd_replay_verify(&rp, last, whole, verify, vctx, out);
+		if (r > 0) {
+			whole = last;
+			r = 0;
+		}
+	}
 	for (k = 0; !r && k < whole; k++) {
 		r = dd_replay_block(&rp, geo->epoch + k, &p);
 		/* Read again: it must still be what the scan checked. */

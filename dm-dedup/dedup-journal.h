@@ -31,6 +31,11 @@ struct dd_journal_geometry {
 	u64 epoch;
 	u64 logical_blocks;	/* bounds of the record indexes */
 	u64 data_blocks;
+	/*
+	 * The superblock has DD_SB_UNFLUSHED_APPENDS: appends are written
+	 * while their data flush is on its way, marked DD_JF_UNFLUSHED.
+	 */
+	bool unflushed;
 };
 
 struct dd_journal {
@@ -55,6 +60,11 @@ struct dd_journal_batch {
 	struct page **pages;
 	unsigned int nr;
 	u64 first_seq;
+	/*
+	 * Marked DD_JF_UNFLUSHED: it may be written while its data is being
+	 * flushed. If not, the data must be flushed first.
+	 */
+	bool unflushed;
 };
 
 int dd_journal_init(struct dd_journal *j, struct dd_bm *bm,
@@ -70,7 +80,11 @@ void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b);
 
 /* The epoch a checkpoint written now starts: the next append's seq. */
 u64 dd_journal_next_epoch(struct dd_journal *j);
-/* The checkpoint naming @epoch is on disk: the records noted are in it. */
+/*
+ * The checkpoint naming @epoch is on disk: the records noted are in it.
+ * Its superblock has DD_SB_UNFLUSHED_APPENDS: appends after it are
+ * marked DD_JF_UNFLUSHED.
+ */
 void dd_journal_checkpointed(struct dd_journal *j, u64 epoch);
 /* Blocks appended in the running epoch, and whether records wait. */
 u64 dd_journal_used(struct dd_journal *j);
@@ -84,6 +98,8 @@ struct dd_journal_replayed {
 	u64 appends;
 	u64 records;
 	u64 torn;		/* blocks after the last END, ignored */
+	u64 dropped;		/* blocks of an unflushed append whose data is not there */
+	u64 dropped_pba;	/* the first data block found without its data */
 };
 
 /* 1 when a block follows the epoch (replay has work), 0 if not, < 0. */
@@ -94,12 +110,22 @@ typedef int (*dd_journal_apply_fn)(void *ctx, u8 type, u64 index,
 				   const void *value);
 
 /*
+ * Does data block @pba hold content whose fingerprint is @fp (DD_FP_SIZE
+ * bytes, zero-padded)? 0 if it does, 1 if not, < 0 if it cannot be read.
+ */
+typedef int (*dd_journal_verify_fn)(void *ctx, u64 pba, const u8 *fp);
+
+/*
  * Read the journal that follows the state of @geo->epoch and hand every
  * record of its whole appends to @apply, in order. -EILSEQ when a block
- * that continues the journal is malformed (damage, not its end).
+ * that continues the journal is malformed (damage, not its end). The
+ * last append, if DD_JF_UNFLUSHED, is applied only if @verify finds the
+ * data of every block it makes live (out->dropped if not); with no
+ * @verify (no data device at hand) it is applied as it is.
  */
 int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      dd_journal_apply_fn apply, void *ctx,
+		      dd_journal_verify_fn verify, void *vctx,
 		      struct dd_journal_replayed *out);
 
 #endif

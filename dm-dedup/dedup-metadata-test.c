@@ -39,6 +39,11 @@ struct dd_test_events {
 	unsigned int visited;
 	u64 visited_pba[8];
 	u8 visited_fp[8][DD_FP_SIZE];
+	/* what dd_test_verify says of the data of the newest append */
+	unsigned int verified;
+	u64 verified_pba[8];
+	u64 data_seed[128];	/* what each data block holds: dd_test_fp(seed) */
+	int verify_error;
 };
 
 static void dd_test_note_freed(struct kunit *test,
@@ -84,6 +89,23 @@ static int dd_test_visit(void *ctx, u64 pba, const u8 *fp)
 	}
 	ev->visited++;
 	return 0;
+}
+
+/* The data device, as the journal's newest append finds it. */
+static int dd_test_verify(void *ctx, u64 pba, const u8 *fp)
+{
+	struct dd_test_events *ev = ctx;
+	u8 want[DD_FP_SIZE];
+
+	if (ev->verified < ARRAY_SIZE(ev->verified_pba))
+		ev->verified_pba[ev->verified] = pba;
+	ev->verified++;
+	if (ev->verify_error)
+		return ev->verify_error;
+	if (pba >= ARRAY_SIZE(ev->data_seed))
+		return 1;
+	dd_test_fp(want, ev->data_seed[pba]);
+	return memcmp(want, fp, DD_FP_SIZE) != 0;
 }
 
 static struct dd_md_config *dd_test_cfg(struct kunit *test, u64 logical,
@@ -378,8 +400,14 @@ static void dd_md_test_format(struct kunit *test)
 	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));
 	dd_test_read_block(test, bdev, 1, raw);
 	KUNIT_EXPECT_TRUE(test, dd_block_csum_ok(raw));
-	/* Version 2 is the example (version 1) with a journal after the trees' slots. */
+	/*
+	 * Version 2 is the example (version 1) with a journal after the
+	 * trees' slots, whose appends may be written unflushed.
+	 */
 	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_VERSION), 2);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS),
+			DD_SB_UNFLUSHED_APPENDS);
+	put_unaligned_le32(0, raw + DD_SB_OFF_FLAGS);
 	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + DD_SB_OFF_JOURNAL_START),
 			DD_FIRST_TREE_BLOCK);
 	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + 216), 140);
@@ -1388,7 +1416,7 @@ static void dd_md_test_needs_check(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
 	KUNIT_EXPECT_EQ(test, dd_test_sb_slot(test, bdev, raw), 1);
 	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS),
-			DD_SB_NEEDS_CHECK);
+			DD_SB_NEEDS_CHECK | DD_SB_UNFLUSHED_APPENDS);
 	/* already on disk: 1 again, and nothing written */
 	KUNIT_ASSERT_EQ(test, dd_md_flag_needs_check(md), 1);
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).transaction_id, 3);
@@ -1424,7 +1452,8 @@ static void dd_md_test_needs_check(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_md_flag_needs_check(md), 0);
 	KUNIT_EXPECT_FALSE(test, dd_md_needs_check(md));
 	dd_test_sb_slot(test, bdev, raw);
-	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS), 0);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS),
+			DD_SB_UNFLUSHED_APPENDS);
 }
 
 /*
@@ -2194,6 +2223,97 @@ static void dd_md_test_journal_replay(struct kunit *test)
 }
 
 /*
+ * Appends after a checkpoint of this kernel are marked unflushed (the
+ * target writes them while their data is flushed), and replay checks
+ * the data of the newest one only: with a block missing, that append is
+ * dropped, read-only and read-write, and a read-write open leaves
+ * nothing of it for the next. A data device that cannot be read fails
+ * the open; without a verifier the append is applied as it is.
+ */
+static void dd_md_test_journal_unflushed(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_test_events *ev = dd_test_ev(cfg);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	struct dd_journal_header *h = (void *)raw;
+	const char *error;
+	u64 pba0, pba1, pba2;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	cfg->verify = dd_test_verify;
+	pba0 = dd_test_write(test, md, 0, 10);
+	dd_test_append(test, md);
+	pba1 = dd_test_write(test, md, 1, 11);
+	pba2 = dd_test_write(test, md, 2, 12);
+	dd_test_share(test, md, 3, pba0);
+	dd_test_append(test, md);
+	KUNIT_ASSERT_LT(test, pba2, ARRAY_SIZE(ev->data_seed));
+	ev->data_seed[pba0] = 10;
+	ev->data_seed[pba1] = 11;
+	ev->data_seed[pba2] = 12;
+	dd_test_md_close(test, md);		/* a crash */
+
+	dd_test_read_block(test, bdev, dd_test_journal_block(test, bdev, 1), raw);
+	KUNIT_EXPECT_EQ(test, le32_to_cpu(h->flags), DD_JF_END | DD_JF_UNFLUSHED);
+	dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le32(raw + DD_SB_OFF_FLAGS),
+			DD_SB_UNFLUSHED_APPENDS);
+
+	/* every block there: both appends, the newest one checked */
+	cfg->read_only = true;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, ev->verified, 2);
+	KUNIT_EXPECT_EQ(test, ev->verified_pba[0], pba1);
+	KUNIT_EXPECT_EQ(test, ev->verified_pba[1], pba2);
+	dd_test_expect_map(test, md, 2, pba2);
+	dd_test_expect_map(test, md, 3, pba0);
+	dd_test_md_close(test, md);
+
+	/* one block of the newest append missing: it is dropped whole */
+	ev->verified = 0;
+	ev->data_seed[pba2] = 0;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, ev->verified, 2);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_expect_unmapped(test, md, 1);
+	dd_test_expect_unmapped(test, md, 2);
+	dd_test_expect_unmapped(test, md, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_dropped, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
+	dd_test_md_close(test, md);
+
+	/* the data device unreadable: no guess */
+	ev->verify_error = -EIO;
+	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EIO);
+	ev->verify_error = 0;
+
+	cfg->read_only = false;
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_unmapped(test, md, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 1);
+	dd_test_md_close(test, md);
+	/* the dropped append is in an epoch no later open reads */
+	cfg->verify = NULL;
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 0);
+	dd_test_expect_unmapped(test, md, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba2), 0);
+	dd_test_md_close(test, md);
+
+	/* without a verifier the newest append is applied as it is */
+	md = dd_test_md_open(test, bdev, cfg);
+	pba1 = dd_test_write(test, md, 1, 99);
+	dd_test_append(test, md);
+	dd_test_md_close(test, md);
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 1, pba1);
+}
+
+/*
  * An append torn by the crash (its block damaged) is not replayed, nor
  * anything after it; a block whose records are malformed under a valid
  * checksum is damage, and the open is refused.
@@ -2365,6 +2485,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_new_in_place),
 	KUNIT_CASE(dd_md_test_journal_counts_only),
 	KUNIT_CASE(dd_md_test_journal_torn),
+	KUNIT_CASE(dd_md_test_journal_unflushed),
 	KUNIT_CASE(dd_md_test_journal_upgrade),
 	KUNIT_CASE_SLOW(dd_md_test_journal_wrap),
 	KUNIT_CASE_SLOW(dd_md_test_commit_churn),

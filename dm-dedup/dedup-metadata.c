@@ -193,8 +193,11 @@ static void dd_fill_sb(struct dd_metadata *md, struct dd_superblock *sb)
 	/* A save describes one superblock's state only: dd_md_save's. */
 	sb->saved_root = 0;
 	sb->saved_words = 0;
-	if (md->journaled)
+	if (md->journaled) {
 		sb->journal_seq = cpu_to_le64(dd_journal_next_epoch(&md->jnl));
+		/* Its appends are written with their data flush on its way. */
+		sb->flags |= cpu_to_le32(DD_SB_UNFLUSHED_APPENDS);
+	}
 }
 
 static void dd_journal_geometry(const struct dd_metadata *md,
@@ -208,6 +211,7 @@ static void dd_journal_geometry(const struct dd_metadata *md,
 	geo->epoch = le64_to_cpu(sb->journal_seq);
 	geo->logical_blocks = le64_to_cpu(sb->logical_blocks);
 	geo->data_blocks = le64_to_cpu(sb->data_blocks);
+	geo->unflushed = le32_to_cpu(sb->flags) & DD_SB_UNFLUSHED_APPENDS;
 }
 
 /* From now on this instance appends, from sequence number @next_seq. */
@@ -615,6 +619,18 @@ static int dd_apply_overlay(void *ctx, u8 type, u64 index, const void *value)
 }
 
 /*
+ * The newest append was written while its data was being flushed, and
+ * the crash came before that flush completed: it was never acknowledged.
+ */
+static void dd_replay_dropped(struct dd_metadata *md)
+{
+	if (md->replayed.dropped)
+		DMWARN("%s: journal: last append (%llu blocks) dropped: data block %llu lost",
+		       dd_md_name(md), md->replayed.dropped,
+		       md->replayed.dropped_pba);
+}
+
+/*
  * The journal of the state read, in memory: read-only opens, and an
  * instance that aborted after appending.
  */
@@ -627,7 +643,7 @@ static int dd_replay_overlay(struct dd_metadata *md)
 	xa_destroy(&md->overlay);
 	md->overlaid = false;
 	r = dd_journal_replay(md->bm, &geo, dd_apply_overlay, md,
-			      &md->replayed);
+			      md->cfg.verify, md->cfg.ctx, &md->replayed);
 	if (r) {
 		xa_destroy(&md->overlay);
 		return r;
@@ -663,7 +679,8 @@ static int dd_replay_trees(struct dd_metadata *md, char **error)
 	if (!r)
 		r = dd_array_walk(&md->fingerprint, NULL, NULL);
 	if (!r)
-		r = dd_journal_replay(md->bm, &geo, dd_apply, md, &md->replayed);
+		r = dd_journal_replay(md->bm, &geo, dd_apply, md,
+				      md->cfg.verify, md->cfg.ctx, &md->replayed);
 	if (!r && md->replayed.blocks) {
 		down_write(&md->lock);
 		md->dirty = true;
@@ -683,6 +700,7 @@ static int dd_replay_trees(struct dd_metadata *md, char **error)
 	if (md->replayed.torn)
 		DMINFO("%s: journal: %llu blocks of an append torn by a crash ignored",
 		       dd_md_name(md), md->replayed.torn);
+	dd_replay_dropped(md);
 	dd_space_reset(&md->bm->space);
 	return 0;
 }
@@ -705,6 +723,7 @@ static int dd_replay_read_only(struct dd_metadata *md, char **error)
 	if (md->overlaid)
 		DMINFO("%s: journal of %llu blocks applied in memory only (read-only)",
 		       dd_md_name(md), md->replayed.blocks);
+	dd_replay_dropped(md);
 	return 0;
 }
 
@@ -2117,6 +2136,11 @@ int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b)
 	return dd_journal_write(&md->jnl, b);
 }
 
+void dd_md_journal_drop(struct dd_metadata *md, struct dd_journal_batch *b)
+{
+	dd_journal_drop_batch(&md->jnl, b);
+}
+
 bool dd_md_journal_pending(struct dd_metadata *md)
 {
 	u64 c[DD_JR_NR_COUNTERS];
@@ -2324,6 +2348,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 				 &st->journal_blocks_written);
 	st->journal_total = le64_to_cpu(md->sb.journal_blocks);
 	st->journal_replayed = md->replayed.blocks;
+	st->journal_dropped = md->replayed.dropped;
 	up_read(&md->lock);
 }
 

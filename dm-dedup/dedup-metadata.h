@@ -66,7 +66,12 @@ struct dd_md_config {
 	bool hold_frees;
 	bool identity_only;	/* check the table against it, then stop */
 	dd_fp_visit_fn visit;
-	void *ctx;		/* for visit */
+	/*
+	 * Checks the data of the journal's newest append when it was
+	 * written before its data was flushed; NULL: applied unchecked.
+	 */
+	dd_journal_verify_fn verify;
+	void *ctx;		/* for visit and verify */
 	struct dd_md_saved *saved;	/* may be NULL: always rebuild */
 	dd_saved_ok_fn saved_ok;
 };
@@ -92,6 +97,7 @@ struct dd_md_stats {
 	u64 journal_appends;
 	u64 journal_blocks_written;
 	u64 journal_replayed;	/* blocks replayed at activation */
+	u64 journal_dropped;	/* blocks of an unflushed append dropped then */
 };
 
 #define DD_REFCOUNT_MAX		U32_MAX
@@ -245,6 +251,8 @@ int dd_md_unmap_range(struct dd_metadata *md, u64 begin, u64 end,
 bool dd_md_journaled(struct dd_metadata *md);
 int dd_md_journal_take(struct dd_metadata *md, struct dd_journal_batch *b);
 int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b);
+/* A batch that must not be written after all (its data flush failed). */
+void dd_md_journal_drop(struct dd_metadata *md, struct dd_journal_batch *b);
 /*
  * Changes wait for an append (or a commit, if the journal dropped them),
  * or counts moved by changes that left no record.

@@ -300,6 +300,7 @@ void dd_io_init(struct dedup_c *dc);
 int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
 void dd_io_drain(struct dedup_c *dc);
+int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page);
 
 /* dedup-decide.c */
 void dd_decide_init(struct dedup_c *dc);
@@ -328,6 +329,7 @@ void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
 u64 dd_flush_ticket(struct dedup_c *dc);
 void dd_fua_data_written(struct dedup_c *dc);
 void dd_writes_idle(struct dedup_c *dc);
+int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp);
 bool dd_data_covered(struct dedup_c *dc, struct dd_write_block *run);
 void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r);

@@ -144,6 +144,7 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("journal_appends %llu\n", st.journal_appends);
 	DMEMIT("journal_blocks_written %llu\n", st.journal_blocks_written);
 	DMEMIT("journal_blocks_replayed %llu\n", st.journal_replayed);
+	DMEMIT("journal_blocks_dropped %llu\n", st.journal_dropped);
 	DMEMIT("checkpoints %llu\n", st.checkpoints);
 	DMEMIT("commit_hold_us %llu\n",
 	       div_u64(READ_ONCE(dc->commit_hold_ns), NSEC_PER_USEC));
@@ -416,6 +417,7 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		.hold_frees = dc->discard_passdown,
 		.identity_only = identity_only,
 		.visit = dd_index_visit,
+		.verify = dd_journal_data_verify,
 		.saved_ok = dd_index_saved_ok,
 		.ctx = dc,
 	};
@@ -660,7 +662,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 7, 0},
+	.version = {1, 8, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

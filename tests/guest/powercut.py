@@ -39,14 +39,16 @@ class PowerRig:
             run(["dmsetup", "create", self.layers[k], "--table", table])
         ddlib.udev_settle()
 
-    def cut(self):
-        """From now on all writes and flushes below dm-dedup are dropped."""
-        for k in "md":
+    def cut(self, disks="md"):
+        """From now on all writes and flushes below dm-dedup to disks ("m"
+        metadata, "d" data) are dropped; cutting the data disk alone
+        stands for a power cut that comes before its flush arrives."""
+        for k in disks:
             run(["dmsetup", "suspend", "--noflush", "--nolockfs", self.layers[k]])
-        for k in "md":
+        for k in disks:
             run(["dmsetup", "load", self.layers[k], "--table",
                  "0 %d flakey /dev/%s 0 0 1 1 drop_writes" % (self.sectors(k), self.nb[k])])
-        for k in "md":
+        for k in disks:
             run(["dmsetup", "resume", self.layers[k]])
 
     def power_cycle(self):

@@ -126,3 +126,47 @@ def test_power_cut_nullblk(backing, seed):
             bd.fsync()
         got = check_after_cut(dev, state, {})
         assert got == state
+
+
+def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
+    """An fsync's journal append is written while the data device is
+    flushed for it. A power cut between the two, the append on the
+    metadata disk and the flush never on the data disk: activation finds
+    a block the append made live without its data, and drops the append,
+    which was never acknowledged. Every block reads its content as of the
+    fsync before, never the lost data or another block's."""
+    rig = PowerRig(backing)
+    dev = rig.dev
+    dev.activate()
+    old = [block_data(seed, i) for i in range(8)]
+    with BlockDev(dev.path) as bd:
+        bd.write_range(0, old)
+        bd.fsync()
+        # The fsync came right after a write: the next write's data is
+        # flushed ahead when it completes, but the one after that's is not.
+        bd.write(0, block_data(seed, 100))
+        ahead = int(dev.stats()["data_flushes_ahead"])
+        bd.write(1, block_data(seed, 101))
+        bd.write(2, old[3])             # a duplicate, in the same append
+        assert int(dev.stats()["data_flushes_ahead"]) == ahead, \
+            "the second write's data was flushed ahead: nothing would be lost"
+    rig.cut("d")
+    with BlockDev(dev.path) as bd:
+        bd.fsync()                      # the append; its data flush is lost
+    rig.cut()
+    rig.power_cycle()
+    dropped = [line for line in kmsg_check.lines()
+               if "last append" in line and "dropped" in line]
+    assert dropped, "the append whose data was lost was not dropped"
+    assert int(dev.stats()["journal_blocks_dropped"]) == 1, dev.stats()
+    with BlockDev(dev.path) as bd:
+        got = bd.read_range(0, 8)
+    bad = [lba for lba in range(8) if got[lba] != old[lba]]
+    assert not bad, "blocks not as of the last completed fsync: %s" % bad
+    st = dev.status()
+    assert st["mapped"] == 8 and st["mode"] == "rw", st
+    # Dropped for good: the next activation replays nothing of it.
+    dev.remove()
+    dev.activate()
+    with BlockDev(dev.path) as bd:
+        assert bd.read_range(0, 8) == old

@@ -284,6 +284,11 @@ pub struct JournalReport {
     /// append it belongs to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub damage: Option<journal::Damage>,
+    /// The newest append is unflushed: checked against the data (with
+    /// `--data`) and applied or dropped, or applied unchecked. `appends`
+    /// and the state do not include a dropped one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unflushed: Option<journal::Unflushed>,
 }
 
 impl JournalReport {
@@ -303,6 +308,7 @@ impl JournalReport {
             torn_records: r.torn_records,
             counters: r.counters(),
             damage: r.damage.clone(),
+            unflushed: r.unflushed.clone(),
         }
     }
 }
@@ -1535,8 +1541,14 @@ pub fn check_with_data(
         .dense_limit
         .unwrap_or(DENSE_LIMIT)
         .min(sb.metadata_blocks.saturating_mul(64));
-    // The state is the superblock's with its journal replayed.
-    let replay = journal::replay(dev, sb);
+    // The state is the superblock's with its journal replayed, as the
+    // kernel replays it: an unflushed newest append whose data is not on
+    // the data device is dropped.
+    let mut replay = journal::replay(dev, sb);
+    if let (Some(r), Some((d, h))) = (replay.as_mut(), data) {
+        r.check_unflushed(d, h, sb.fp_size as usize)
+            .map_err(|e| Fatal(format!("--data: {e}")))?;
+    }
     let state = match &replay {
         Some(r) => r.state_superblock(sb),
         None => sb.clone(),
@@ -1649,6 +1661,9 @@ pub fn journal_line(sb: &SuperblockInfo, j: Option<&JournalReport>) -> String {
                  at sequence {}",
                 d.seq, d.block, d.append_seq
             );
+        }
+        if let Some(u) = &j.unflushed {
+            w += &format!("; {}", u.text());
         }
         w
     };

@@ -468,13 +468,29 @@ fn superblock_fields() {
     assert!(r
         .problems
         .iter()
-        .any(|p| p.severity == Severity::Error && p.message.contains("unknown flags 0x6")));
+        .any(|p| p.severity == Severity::Error && p.message.contains("unknown flags 0x4")));
     // needs_check alone is a warning: the metadata itself is fine
     let (mut d, _) = sample();
     edit_sb(&mut d, |sb| sb.flags = SB_NEEDS_CHECK);
     let r = run(&d);
     assert!(r.clean(), "{:#?}", r.problems);
     assert!(r.has("needs_check"));
+    // UNFLUSHED_APPENDS is the kernel's everyday state: nothing to say.
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| sb.flags = SB_UNFLUSHED_APPENDS);
+    let r = run(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.superblock.unwrap().flags, SB_UNFLUSHED_APPENDS);
+    // Bit 2 is still unknown, with or without it.
+    for flags in [0x4, SB_UNFLUSHED_APPENDS | 0x4] {
+        let (mut d, _) = sample();
+        edit_sb(&mut d, |sb| sb.flags = flags);
+        let r = run(&d);
+        assert_eq!(codes(&r), ["unknown_flags"], "{:#?}", r.problems);
+        assert!(find(&r, "unknown_flags")
+            .message
+            .contains("unknown flags 0x4"));
+    }
 
     let (mut d, _) = sample();
     edit_sb(&mut d, |sb| sb.version = 3);
@@ -1435,7 +1451,7 @@ fn damaged_saved_state_never_panics() {
 // ---------------------------------------------------------------------
 // Format version 2: the journal.
 
-use crate::journal::tests::{contents_of, grow, shrink, Journaled};
+use crate::journal::tests::{contents_of, data_device, grow, shrink, Journaled};
 
 fn collect(d: &MemDev) -> (Report, Contents) {
     let opts = CheckOptions {
@@ -1696,4 +1712,110 @@ fn a_save_with_a_journal_after_it_is_stale() {
     let r = run(&d);
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
     assert!(r.saved.as_ref().unwrap().loadable);
+}
+
+fn check_data(d: &MemDev, data: &MemDev) -> Result<(Report, Contents), Fatal> {
+    let opts = CheckOptions {
+        collect: true,
+        ..CheckOptions::default()
+    };
+    check_with_data(d, Some(data), &opts).map(|(r, c)| (r, c.unwrap()))
+}
+
+#[test]
+fn an_unflushed_newest_append_is_checked_with_data() {
+    let mut j = Journaled::with_data();
+    j.append(shrink);
+    let a2 = j.append(grow);
+    j.mark_unflushed(a2);
+    let last = j.next_seq - 1;
+    let what = format!("newest append (sequence {a2}..{last}) unflushed");
+    // Without the data device: applied, and said not to be checked.
+    let (r, c) = collect(&j.dev);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(c, contents_of(&j.states[2]));
+    let text = render(&r, "img");
+    assert!(
+        text.contains(&format!(
+            "{what}: not checked against the data (no data device), applied; it ends"
+        )),
+        "{text}"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["journal"]["unflushed"]["outcome"], "unchecked");
+    assert_eq!(json["journal"]["unflushed"]["first_seq"], a2);
+    // With it, the data there: checked, applied.
+    let data = data_device();
+    let (r, c) = check_data(&j.dev, &data).unwrap();
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(c, contents_of(&j.states[2]));
+    assert!(render(&r, "img").contains(&format!("{what}: its data checked, applied")));
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["journal"]["unflushed"]["outcome"], "applied");
+    assert_eq!(json["journal"]["appends"], 2);
+    // A block it makes live without its data: dropped, not an error; the
+    // state checked is the one before it.
+    let mut data = data_device();
+    data.block_mut(258)[0] ^= 0x10;
+    let (r, c) = check_data(&j.dev, &data).unwrap();
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(c, contents_of(&j.states[1]));
+    let jr = r.journal.as_ref().unwrap();
+    assert_eq!(jr.appends, 1);
+    assert_eq!(jr.counters, Some(Counters::of(&j.states[1].sb)));
+    assert!(render(&r, "img").contains(&format!(
+        "{what}: data block 258 does not hold its fingerprint: dropped, as the kernel does (it \
+         was never acknowledged)"
+    )));
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["journal"]["unflushed"]["outcome"], "dropped");
+    assert_eq!(json["journal"]["unflushed"]["mismatch"], 258);
+    // A data block the check needs that cannot be read: operational.
+    let data = BadSector {
+        inner: data_device(),
+        bad: 252,
+    };
+    let opts = CheckOptions::default();
+    let e = check_with_data(&j.dev, Some(&data), &opts).unwrap_err();
+    assert!(
+        e.0.contains("data block 252 cannot be read: injected read error"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unflushed_under_a_superblock_without_the_flag_is_damage() {
+    let mut j = Journaled::new(None);
+    j.append(shrink);
+    let a2 = j.append(grow);
+    j.mark_unflushed(a2);
+    let (r, c) = collect(&j.dev);
+    assert_eq!(codes(&r), ["journal_damaged"], "{:#?}", r.problems);
+    assert!(find(&r, "journal_damaged")
+        .message
+        .contains("UNFLUSHED, under a superblock without UNFLUSHED_APPENDS"));
+    assert_eq!(c, contents_of(&j.states[1]));
+    assert!(r.journal.unwrap().unflushed.is_none());
+}
+
+#[test]
+fn clearing_needs_check_keeps_unflushed_appends() {
+    let mut j = Journaled::with_data();
+    let a1 = j.append(grow);
+    j.mark_unflushed(a1);
+    edit_sb(&mut j.dev, |sb| sb.flags |= SB_NEEDS_CHECK);
+    let r = run(&j.dev);
+    assert_eq!(codes(&r), ["needs_check"], "{:#?}", r.problems);
+    let states = read_slots(&j.dev);
+    let SlotState::Valid(cur) = &states[pick_superblock(&states).unwrap()] else {
+        unreachable!()
+    };
+    let sb = crate::writer::clear_needs_check(&mut j.dev, cur).unwrap();
+    assert_eq!(sb.flags, SB_UNFLUSHED_APPENDS);
+    // The same journal follows it, its unflushed append still allowed.
+    let (r, c) = collect(&j.dev);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(c, contents_of(&j.states[1]));
+    let u = r.journal.unwrap().unflushed.unwrap();
+    assert_eq!(u.first_seq, a1);
 }

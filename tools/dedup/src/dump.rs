@@ -145,6 +145,9 @@ impl DumpRecord {
 pub struct DumpAppend {
     pub first_seq: u64,
     pub blocks: u64,
+    /// Its blocks carry UNFLUSHED (only the newest append may).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unflushed: bool,
     pub records: Vec<DumpRecord>,
 }
 
@@ -166,6 +169,11 @@ pub struct DumpJournal {
     /// A malformed block (the dump was forced): what replay stopped at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub damage: Option<String>,
+    /// The newest append is unflushed: dump has no data device, so it is
+    /// applied as it is, unchecked (what the kernel does when its data is
+    /// there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unflushed: Option<String>,
     pub appends: Vec<DumpAppend>,
 }
 
@@ -186,12 +194,14 @@ impl DumpJournal {
                     d.block, d.seq, d.why, d.append_seq
                 )
             }),
+            unflushed: r.unflushed.as_ref().map(|u| u.text()),
             appends: r
                 .appends
                 .iter()
                 .map(|a| DumpAppend {
                     first_seq: a.first_seq,
                     blocks: a.blocks,
+                    unflushed: a.unflushed,
                     records: a.records.iter().map(DumpRecord::of).collect(),
                 })
                 .collect(),
@@ -300,8 +310,14 @@ pub fn write_dump_with_journal(
             let sep = if i == 0 { "" } else { "," };
             write!(
                 out,
-                "{sep}\n      {{\"first_seq\": {}, \"blocks\": {}, \"records\": [",
-                a.first_seq, a.blocks
+                "{sep}\n      {{\"first_seq\": {}, \"blocks\": {}, {}\"records\": [",
+                a.first_seq,
+                a.blocks,
+                if a.unflushed {
+                    "\"unflushed\": true, "
+                } else {
+                    ""
+                }
             )?;
             for (k, r) in a.records.iter().enumerate() {
                 let sep = if k == 0 { "" } else { "," };
@@ -405,6 +421,9 @@ pub fn run_dump(device: &Path, output: Option<&Path>, force: bool) -> i32 {
     };
     match dump_to(&dev, &mut *out, force) {
         Ok(r) => {
+            if let Some(u) = r.journal.as_ref().and_then(|j| j.unflushed.as_ref()) {
+                eprintln!("dedup dump: {}: journal: {}", device.display(), u.text());
+            }
             if !r.clean() {
                 eprintln!(
                     "dedup dump: {}: dumped despite {} errors (--force)",
@@ -606,6 +625,8 @@ pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSp
         s.format_time,
     );
     sb.header.txn = gen;
+    // UNFLUSHED_APPENDS, if the dump has it, is cleared by the writer: the
+    // journal restored is empty.
     sb.flags = s.flags;
     sb.mapped_blocks = s.mapped_blocks;
     sb.used_data_blocks = s.used_data_blocks;
@@ -803,6 +824,58 @@ mod tests {
         let errs = r.unwrap_err();
         assert_eq!(errs.len(), 1, "{errs:?}");
         errs[0].clone()
+    }
+
+    /// Dump has no data device: an unflushed newest append is dumped
+    /// applied, marked, with a word that it was not checked; restore
+    /// writes the state with UNFLUSHED_APPENDS clear.
+    #[test]
+    fn an_unflushed_append_is_dumped_marked() {
+        use crate::journal::tests::{contents_of, grow, shrink, Journaled};
+        let mut j = Journaled::with_data();
+        j.append(shrink);
+        let a2 = j.append(grow);
+        j.mark_unflushed(a2);
+        let mut json = Vec::new();
+        let r = dump_to(&j.dev, &mut json, false).unwrap();
+        assert!(r.clean(), "{:#?}", r.problems);
+        let text = String::from_utf8(json).unwrap();
+        assert!(
+            text.contains(&format!(
+                "{{\"first_seq\": {a2}, \"blocks\": 1, \"unflushed\": true, \"records\": ["
+            )),
+            "{text}"
+        );
+        assert_eq!(text.matches("\"unflushed\": true").count(), 1);
+        let d = parse_dump(text.as_bytes()).unwrap();
+        let dj = d.journal.as_ref().unwrap();
+        assert!(!dj.appends[0].unflushed && dj.appends[1].unflushed);
+        assert!(
+            dj.unflushed
+                .as_ref()
+                .unwrap()
+                .contains("unflushed: not checked against the data"),
+            "{dj:?}"
+        );
+        assert_eq!(d.superblock.flags, SB_UNFLUSHED_APPENDS);
+        let spec = validate(&d, None, 10).unwrap();
+        assert_eq!(
+            (spec.mappings.clone(), spec.refcounts.clone()),
+            (j.states[2].mappings.clone(), j.states[2].refcounts.clone())
+        );
+        let mut dev = MemDev::new(j.dev.nr_blocks());
+        let (sb, report) = restore_to(&mut dev, spec, false).unwrap();
+        assert!(report.problems.is_empty(), "{:#?}", report.problems);
+        assert_eq!(sb.flags, 0);
+        let (_, c) = check::check(
+            &dev,
+            &CheckOptions {
+                collect: true,
+                ..CheckOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.unwrap(), contents_of(&j.states[2]));
     }
 
     #[test]

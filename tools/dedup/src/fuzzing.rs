@@ -159,7 +159,9 @@ pub fn journal_fuzz_base() -> crate::writer::ImageSpec {
 /// back to the bytes they came from. Then the input becomes the ring of
 /// `journal_fuzz_base`'s image: byte 0 is how many blocks to place (at
 /// most 16), byte 1 the epoch (byte 2's top bit: counted down from
-/// 2^64 - 1, so that the sequence numbers wrap); each block of 4 KiB that
+/// 2^64 - 1, so that the sequence numbers wrap; its bit 6: the superblock
+/// has UNFLUSHED_APPENDS, so that UNFLUSHED blocks replay, unchecked
+/// without a data device); each block of 4 KiB that
 /// follows the 16-byte head is placed at the next sequence number, made to
 /// continue the journal (type, location, id, epoch, sequence, checksum)
 /// unless its byte 0 & 3 is 2 (only resealed) or 3 (as it is). The image
@@ -173,7 +175,7 @@ pub fn fuzz_journal(data: &[u8]) {
         seal(&mut b);
         assert!(*jb.encode() == *b, "decode + encode keeps the bytes");
         let _ = not_continuing_any(&b);
-        if let Ok(recs) = jb.records(300, 60) {
+        if let Ok(recs) = jb.records(300, 60, true) {
             let bytes: Vec<u8> = recs.iter().flat_map(|r| r.encode()).collect();
             assert_eq!(&bytes[..], &jb.payload[..jb.used as usize]);
             let again = JournalBlock::new(
@@ -185,7 +187,10 @@ pub fn fuzz_journal(data: &[u8]) {
                 &recs,
                 jb.is_end(),
             );
-            assert_eq!((again.used, again.flags), (jb.used, jb.flags));
+            assert_eq!(
+                (again.used, again.flags | (jb.flags & JF_UNFLUSHED)),
+                (jb.used, jb.flags)
+            );
             for r in &recs {
                 assert_eq!(Record::decode(&r.encode()), Ok((*r, r.size())));
             }
@@ -222,7 +227,13 @@ pub fn journal_fuzz_image(data: &[u8]) -> Option<(MemDev, Superblock, u64)> {
     spec.sb = sb;
     let blocks = spec.sb.metadata_blocks;
     let mut dev = MemDev::new(blocks);
-    let (sb, _) = crate::writer::write_image(&mut dev, &spec).ok()?;
+    let (mut sb, _) = crate::writer::write_image(&mut dev, &spec).ok()?;
+    if head[2] & 0x40 != 0 {
+        // The writer writes the bit clear, as the tools must; the kernel's
+        // superblocks carry it.
+        sb.flags |= SB_UNFLUSHED_APPENDS;
+        *dev.block_mut(sb.slot()) = *sb.encode();
+    }
     let n = (head[0] as u64).min(FUZZ_RUN.1);
     for (i, chunk) in data[JOURNAL_FUZZ_HEAD..]
         .chunks(BLOCK_SIZE)

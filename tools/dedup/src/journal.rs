@@ -12,12 +12,20 @@
 //! not the end (the kernel refuses to activate). Whole appends (ended by a
 //! block with END, whose last record is COUNTERS) are applied in order;
 //! blocks after the last END are an append torn by a crash, ignored.
+//!
+//! Under a superblock with UNFLUSHED_APPENDS the newest whole append may
+//! carry UNFLUSHED: it was written while its data was being flushed, and
+//! never acknowledged. With the data device at hand it is applied only if
+//! every block it makes live holds the data its fingerprint names
+//! (`Replay::check_unflushed`); without, it is applied as it is and the
+//! report says it was not checked.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::device::BlockDev;
+use crate::fingerprint::{self, Hasher};
 use crate::ondisk::*;
 
 /// One whole append: consecutive blocks up to one with END.
@@ -26,6 +34,9 @@ pub struct Append {
     pub first_seq: u64,
     pub blocks: u64,
     pub records: Vec<Record>,
+    /// Its END block carries UNFLUSHED (the kernel sets it on every block
+    /// of the append; the END block's is the one that counts).
+    pub unflushed: bool,
 }
 
 impl Append {
@@ -59,6 +70,59 @@ pub struct Dropped {
     pub records: u64,
     /// Blocks with END among them.
     pub appends: u64,
+}
+
+/// What became of an unflushed newest append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnflushedOutcome {
+    /// No data device to check it against: applied as it is.
+    Unchecked,
+    /// Every block it makes live holds its data: applied.
+    Applied,
+    /// A block it makes live does not hold its data: not applied, as the
+    /// kernel drops it.
+    Dropped,
+}
+
+/// The newest whole append, when it is unflushed (its END block carries
+/// UNFLUSHED), and what its data check made of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Unflushed {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub blocks: u64,
+    pub records: u64,
+    pub outcome: UnflushedOutcome,
+    /// With a data device: the distinct data blocks read to check it (the
+    /// blocks it makes live that have a FINGERPRINT record in it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_blocks_checked: Option<u64>,
+    /// Dropped: the first data block, in record order, that does not hold
+    /// the content its FINGERPRINT record names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<u64>,
+}
+
+impl Unflushed {
+    /// The outcome in words, for the text reports.
+    pub fn text(&self) -> String {
+        let what = format!(
+            "newest append (sequence {}..{}) unflushed",
+            self.first_seq, self.last_seq
+        );
+        match (self.outcome, self.mismatch) {
+            (UnflushedOutcome::Unchecked, _) => {
+                format!("{what}: not checked against the data (no data device), applied")
+            }
+            (UnflushedOutcome::Applied, _) => format!("{what}: its data checked, applied"),
+            (UnflushedOutcome::Dropped, pba) => format!(
+                "{what}: data block {} does not hold its fingerprint: dropped, as the kernel \
+                 does (it was never acknowledged)",
+                pba.unwrap_or_default()
+            ),
+        }
+    }
 }
 
 /// Why the journal ends where it does.
@@ -96,6 +160,9 @@ pub struct Replay {
     pub torn_records: u64,
     pub damage: Option<Damage>,
     pub dropped: Dropped,
+    /// The newest whole append is unflushed: whether it was checked, and
+    /// applied or dropped. A dropped one is no longer in `appends`.
+    pub unflushed: Option<Unflushed>,
 }
 
 impl Replay {
@@ -206,7 +273,9 @@ pub fn replay(dev: &dyn BlockDev, sb: &Superblock) -> Option<Replay> {
         torn_records: 0,
         damage: None,
         dropped: Dropped::default(),
+        unflushed: None,
     };
+    let unflushed_allowed = sb.unflushed_appends();
     // The append being collected: first seq, blocks, records.
     let mut first = epoch;
     let mut blocks = 0u64;
@@ -240,7 +309,7 @@ pub fn replay(dev: &dyn BlockDev, sb: &Superblock) -> Option<Replay> {
             r.dropped.appends += jb.is_end() as u64;
             continue;
         }
-        match jb.records(sb.logical_blocks, sb.data_blocks) {
+        match jb.records(sb.logical_blocks, sb.data_blocks, unflushed_allowed) {
             Err(f) => {
                 r.damage = Some(Damage {
                     seq,
@@ -264,6 +333,7 @@ pub fn replay(dev: &dyn BlockDev, sb: &Superblock) -> Option<Replay> {
                         first_seq: first,
                         blocks,
                         records: std::mem::take(&mut records),
+                        unflushed: jb.is_unflushed(),
                     });
                     first = seq.wrapping_add(1);
                     blocks = 0;
@@ -276,7 +346,92 @@ pub fn replay(dev: &dyn BlockDev, sb: &Superblock) -> Option<Replay> {
         r.torn_blocks = blocks;
         r.torn_records = records.len() as u64;
     }
+    // After damage the kernel replays nothing at all; the newest append
+    // before it is still the one repair would keep last, so it is held to
+    // the same rule.
+    r.unflushed = r.appends.last().filter(|a| a.unflushed).map(|a| Unflushed {
+        first_seq: a.first_seq,
+        last_seq: a.last_seq(),
+        blocks: a.blocks,
+        records: a.records.len() as u64,
+        outcome: UnflushedOutcome::Unchecked,
+        data_blocks_checked: None,
+        mismatch: None,
+    });
     Some(r)
+}
+
+/// The data blocks an unflushed append must find holding their content:
+/// (pba, record) of every FINGERPRINT record, in record order. The kernel
+/// writes one only for a block that becomes live in the append, once its
+/// data was written; a block made live and freed again within the append
+/// is checked too (dedup-format.rst, "The newest append").
+pub fn blocks_to_verify(a: &Append) -> Vec<(u64, [u8; FP_SIZE])> {
+    a.records
+        .iter()
+        .filter_map(|r| match *r {
+            Record::Fingerprint { pba, fp } => Some((pba, fp)),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Replay {
+    /// Check the newest append's data, when it is unflushed, on `data`
+    /// with `hasher` (the superblock's hash, `fp_size` significant bytes):
+    /// applied if every block it makes live holds the content its
+    /// FINGERPRINT record names; otherwise dropped from `appends`, and the
+    /// state is that of the append before. Not damage: the kernel never
+    /// acknowledged that append. A data block that cannot be read is an
+    /// error (the kernel fails the activation).
+    pub fn check_unflushed(
+        &mut self,
+        data: &(dyn BlockDev + Sync),
+        hasher: Hasher,
+        fp_size: usize,
+    ) -> Result<(), String> {
+        let Some(u) = self.unflushed.as_mut() else {
+            return Ok(());
+        };
+        let a = self
+            .appends
+            .last()
+            .expect("the unflushed append is the last");
+        let want = blocks_to_verify(a);
+        let mut pbas: Vec<u64> = want.iter().map(|w| w.0).collect();
+        pbas.sort_unstable();
+        pbas.dedup();
+        let digests = fingerprint::digest_blocks(data, hasher, &pbas);
+        let have: BTreeMap<u64, fingerprint::DataDigest> =
+            pbas.iter().copied().zip(digests).collect();
+        // In record order, as the kernel walks them: the first block that
+        // does not hold its data decides, and a read error only counts
+        // before it.
+        u.mismatch = None;
+        for (pba, want_fp) in &want {
+            let (mut fp, _) = have[pba].clone().map_err(|e| {
+                format!(
+                    "the newest journal append (sequence {}..{}) is unflushed and its data must \
+                     be checked, but data block {pba} {e}",
+                    u.first_seq, u.last_seq
+                )
+            })?;
+            // The record keeps fp_size bytes of the digest, zero-padded.
+            fp[fp_size.min(FP_SIZE)..].fill(0);
+            if fp != *want_fp {
+                u.mismatch = Some(*pba);
+                break;
+            }
+        }
+        u.data_blocks_checked = Some(pbas.len() as u64);
+        if u.mismatch.is_some() {
+            u.outcome = UnflushedOutcome::Dropped;
+            self.appends.pop();
+        } else {
+            u.outcome = UnflushedOutcome::Applied;
+        }
+        Ok(())
+    }
 }
 
 /// Records that decode in `jb` up to its first malformed one.

@@ -20,6 +20,25 @@ pub(crate) struct Journaled {
     pub next_seq: u64,
     /// The first sequence number of each append.
     pub appends: Vec<u64>,
+    /// The fingerprint record of a live block.
+    pub fp: fn(u64) -> [u8; FP_SIZE],
+}
+
+/// Content of data block `pba` of `data_device()`.
+pub(crate) fn data_block(pba: u64) -> Vec<u8> {
+    (0..BLOCK_SIZE as u64)
+        .map(|i| (pba * 37 + i / 5) as u8)
+        .collect()
+}
+
+/// The sha256 record of `data_block(pba)`.
+pub(crate) fn data_fp(pba: u64) -> [u8; FP_SIZE] {
+    crate::fingerprint::Hasher::Sha256.record(&data_block(pba))
+}
+
+/// A data device of DATA blocks, block p holding `data_block(p)`.
+pub(crate) fn data_device() -> MemDev {
+    MemDev::from_bytes((0..DATA).flat_map(data_block).collect())
 }
 
 impl Journaled {
@@ -28,6 +47,20 @@ impl Journaled {
     /// instead of the writer's (journal_size() = 64 blocks after the trees,
     /// epoch 1).
     pub fn new(run: Option<(u64, u64, u64)>) -> Journaled {
+        Journaled::with_fp(run, test_fingerprint)
+    }
+
+    /// As `new`, with the records of `data_fp`: a state `data_device()`
+    /// holds, under a superblock with UNFLUSHED_APPENDS, as the kernel
+    /// writes it.
+    pub fn with_data() -> Journaled {
+        let mut j = Journaled::with_fp(None, data_fp);
+        j.sb.flags |= SB_UNFLUSHED_APPENDS;
+        *j.dev.block_mut(j.sb.slot()) = *j.sb.encode();
+        j
+    }
+
+    fn with_fp(run: Option<(u64, u64, u64)>, fp: fn(u64) -> [u8; FP_SIZE]) -> Journaled {
         let blocks = required_blocks(LOGICAL, DATA) + 8;
         let mut sb = Superblock::new_formatted(blocks, DATA, LOGICAL, "sha256", 32, 1_700_000_000);
         sb.header.txn = 5;
@@ -40,7 +73,7 @@ impl Journaled {
             sb.journal_id = 0x5eed_0001;
         }
         let maps: Vec<(u64, u64)> = (0..1200u64).map(|i| (i + 300, i % 250)).collect();
-        let spec = ImageSpec::consistent(sb, &maps, test_fingerprint);
+        let spec = ImageSpec::consistent(sb, &maps, fp);
         let mut dev = MemDev::new(blocks);
         let (sb, _) = write_image(&mut dev, &spec).unwrap();
         Journaled {
@@ -49,6 +82,7 @@ impl Journaled {
             sb,
             states: vec![spec],
             appends: Vec::new(),
+            fp,
         }
     }
 
@@ -65,7 +99,21 @@ impl Journaled {
         maps.dedup_by_key(|m| m.0);
         let mut sb = last.sb.clone();
         sb.unique_writes += 1;
-        ImageSpec::consistent(sb, &maps, test_fingerprint)
+        ImageSpec::consistent(sb, &maps, self.fp)
+    }
+
+    /// Mark every block of the append that starts at `first` UNFLUSHED,
+    /// as the kernel writes an append while its data is being flushed.
+    pub fn mark_unflushed(&mut self, first: u64) {
+        let end = self
+            .appends
+            .iter()
+            .find(|&&a| a > first)
+            .copied()
+            .unwrap_or(self.next_seq);
+        for seq in first..end {
+            self.edit(seq, |b| b.flags |= JF_UNFLUSHED);
+        }
     }
 
     /// Append the records that take the last state to the one `f` makes;
@@ -476,4 +524,172 @@ fn an_unreadable_block_ends_it_with_a_read_error() {
         }
     ));
     assert!(r.end_text().contains("cannot be read"));
+}
+
+#[test]
+fn an_unflushed_newest_append_whose_data_is_there_is_applied() {
+    let mut j = Journaled::with_data();
+    j.append(shrink);
+    let a2 = j.append(grow);
+    j.mark_unflushed(a2);
+    let data = data_device();
+    // Without the data: applied as it is, and said so.
+    let mut r = j.replay();
+    assert!(r.damage.is_none());
+    assert_eq!(r.appends.len(), 2);
+    assert!(!r.appends[0].unflushed && r.appends[1].unflushed);
+    let u = r.unflushed.clone().unwrap();
+    let last = j.next_seq - 1;
+    assert_eq!((u.first_seq, u.last_seq), (a2, last));
+    assert_eq!(u.outcome, UnflushedOutcome::Unchecked);
+    assert!(
+        u.text().contains("not checked against the data"),
+        "{}",
+        u.text()
+    );
+    // With it: every block the append makes live holds its data.
+    r.check_unflushed(&data, crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap();
+    let u = r.unflushed.clone().unwrap();
+    assert_eq!(u.outcome, UnflushedOutcome::Applied);
+    // PBAs 250..260 and 261, the blocks grow makes live (260 already is,
+    // since shrink).
+    assert_eq!((u.data_blocks_checked, u.mismatch), (Some(11), None));
+    assert_eq!(
+        u.text(),
+        format!("newest append (sequence {a2}..{last}) unflushed: its data checked, applied")
+    );
+    assert_eq!(r.appends.len(), 2);
+    assert_eq!(
+        state_of(&j.states[0], &Overlay::of(&r.appends)),
+        content(&j.states[2])
+    );
+    // Only the newest append is checked: an older one carrying the flag
+    // was followed by another, so its flush completed.
+    let mut k = Journaled::with_data();
+    let b1 = k.append(grow);
+    k.mark_unflushed(b1);
+    k.append(shrink);
+    let mut short = data_device();
+    short.bytes.truncate(250 * BLOCK_SIZE);
+    let mut r = k.replay();
+    assert_eq!(r.unflushed, None);
+    r.check_unflushed(&short, crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap();
+    assert_eq!(r.appends.len(), 2);
+}
+
+#[test]
+fn an_unflushed_newest_append_whose_data_differs_is_dropped() {
+    let mut j = Journaled::with_data();
+    j.append(shrink);
+    let a2 = j.append(grow);
+    j.mark_unflushed(a2);
+    let mut data = data_device();
+    // PBA 257 never received its data; 261 neither, later in the records.
+    data.block_mut(257)[9] ^= 1;
+    data.block_mut(261).fill(0);
+    let mut r = j.replay();
+    r.check_unflushed(&data, crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap();
+    let u = r.unflushed.clone().unwrap();
+    assert_eq!(u.outcome, UnflushedOutcome::Dropped);
+    assert_eq!(u.mismatch, Some(257));
+    assert!(
+        u.text().ends_with(
+            "data block 257 does not hold its fingerprint: dropped, as the kernel does (it was \
+             never acknowledged)"
+        ),
+        "{}",
+        u.text()
+    );
+    // Not damage: the state is the one after the append before it.
+    assert!(r.damage.is_none());
+    assert_eq!(r.appends.len(), 1);
+    assert_eq!(r.counters(), Some(Counters::of(&j.states[1].sb)));
+    assert_eq!(
+        state_of(&j.states[0], &Overlay::of(&r.appends)),
+        content(&j.states[1])
+    );
+    // The only append dropped: the superblock's state.
+    let mut k = Journaled::with_data();
+    let b1 = k.append(grow);
+    k.mark_unflushed(b1);
+    let mut r = k.replay();
+    r.check_unflushed(&data, crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap();
+    assert_eq!((r.appends.len(), r.counters()), (0, None));
+    // A digest shorter than 32 bytes: compared as the record keeps it,
+    // fp_size bytes zero-padded.
+    let mut r = k.replay();
+    r.check_unflushed(&data_device(), crate::fingerprint::Hasher::Sha256, 8)
+        .unwrap();
+    assert_eq!(r.unflushed.unwrap().mismatch, Some(250));
+    // A data block that cannot be read: an error, not a verdict.
+    let mut short = data_device();
+    short.bytes.truncate(255 * BLOCK_SIZE);
+    let mut r = k.replay();
+    let e = r
+        .check_unflushed(&short, crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap_err();
+    assert!(e.contains("data block 255 cannot be read"), "{e}");
+    // Unless a block before it in record order already failed: the
+    // kernel stops there, dropping the append.
+    short.block_mut(250)[0] ^= 1;
+    let mut r = k.replay();
+    r.check_unflushed(&short, crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap();
+    assert_eq!(r.unflushed.unwrap().mismatch, Some(250));
+}
+
+#[test]
+fn an_unflushed_append_checks_every_block_it_made_live() {
+    let mut j = Journaled::with_data();
+    // PBA 290 is made live and freed again within the append: its data
+    // was written before the flush too, so it is checked, and as it does
+    // not hold the content its record names, the append is dropped.
+    let recs = [
+        Record::Refcount { pba: 290, count: 1 },
+        Record::Fingerprint {
+            pba: 290,
+            fp: [7; FP_SIZE],
+        },
+        Record::Refcount { pba: 290, count: 0 },
+        Record::Fingerprint {
+            pba: 291,
+            fp: data_fp(291),
+        },
+        Record::Counters(Counters::of(&j.last().sb)),
+    ];
+    let a = j.append_records(&recs);
+    j.mark_unflushed(a);
+    let mut r = j.replay();
+    assert_eq!(
+        blocks_to_verify(&r.appends[0]),
+        [(290, [7; FP_SIZE]), (291, data_fp(291))].to_vec()
+    );
+    r.check_unflushed(&data_device(), crate::fingerprint::Hasher::Sha256, 32)
+        .unwrap();
+    let u = r.unflushed.unwrap();
+    assert_eq!(u.outcome, UnflushedOutcome::Dropped);
+    assert_eq!(u.mismatch, Some(290));
+}
+
+#[test]
+fn unflushed_without_the_superblock_flag_is_damage() {
+    let mut j = Journaled::new(None);
+    j.append(shrink);
+    let a2 = j.append(grow);
+    j.mark_unflushed(a2);
+    let r = j.replay();
+    let d = r.damage.clone().unwrap();
+    assert_eq!((d.seq, d.append_seq), (a2, a2));
+    assert!(d.why.contains("UNFLUSHED"), "{}", d.why);
+    assert_eq!((r.appends.len(), r.unflushed), (1, None));
+    // Under the flag, an unknown bit is still damage.
+    let mut k = Journaled::with_data();
+    let b1 = k.append(grow);
+    k.edit(b1, |b| b.flags |= JF_UNFLUSHED | 0x4);
+    let d = k.replay().damage.unwrap();
+    assert!(d.why.contains("unknown flags 0x4"), "{}", d.why);
 }

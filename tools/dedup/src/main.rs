@@ -85,8 +85,14 @@ enum Command {
 /// applied, in order. Blocks after the last END are an append torn by a
 /// crash: ignored, and not an error. A block that continues the journal
 /// but is malformed (unknown record, record out of range, bad length or
-/// flags, an append without its final counters) is an error
-/// (journal_damaged): the kernel refuses to activate. So are journal
+/// flags, UNFLUSHED under a superblock without UNFLUSHED_APPENDS, an
+/// append without its final counters) is an error (journal_damaged): the
+/// kernel refuses to activate. The newest append may be *unflushed*
+/// (written while the data device was being flushed for it, never
+/// acknowledged): with --data it is applied only if every block it makes
+/// live holds the content its fingerprint record names, and otherwise
+/// dropped, as the kernel's replay does (not an error); without --data it
+/// is applied unchecked, and the journal line says so. So are journal
 /// fields the kernel refuses (journal_run) and a tree block inside the
 /// journal's run (journal_overlap). The report says where the journal is,
 /// how many blocks, appends and records follow the superblock, and where
@@ -122,7 +128,8 @@ struct CheckArgs {
     #[arg(long, value_name = "ALG")]
     hash: Option<String>,
     /// The data device (or image file): verify the fingerprint record of
-    /// every live block against the block's content.
+    /// every live block against the block's content, and the data of an
+    /// unflushed newest journal append as the kernel's replay does.
     #[arg(long, value_name = "DEV")]
     data: Option<PathBuf>,
     /// Print the report as JSON on stdout (see README.md for the schema).
@@ -172,8 +179,8 @@ struct CheckArgs {
 /// to activate with a live block that has no record; dropping the block's
 /// mappings instead would lose readable data.) Fingerprint records of free
 /// blocks are dropped. The counters mapped_blocks and used_data_blocks are
-/// recomputed; the sizes, hash, flags, write counters and format time are
-/// kept.
+/// recomputed; the sizes, hash, write counters and format time are kept;
+/// the flags are written clear.
 ///
 /// How it is written. As a kernel commit: the new trees go to blocks the
 /// old state does not use, then, after a flush, a superblock of a newer
@@ -190,6 +197,9 @@ struct CheckArgs {
 /// counters, the append it belongs to and everything after it are
 /// dropped, and repair says which sequence numbers, blocks and records
 /// went; the state is then the one after the last whole append before it.
+/// An unflushed newest append is checked against --data as `dedup check`
+/// checks it, and applied or dropped as the kernel would (a note says
+/// which); without --data it is applied unchecked.
 /// The new superblock has an empty journal: the same run and journal id
 /// with the epoch moved two rings on (journal_seq + 2 * journal_blocks),
 /// or, if the run cannot be used, a new run after the new trees, as long
@@ -229,7 +239,8 @@ struct RepairArgs {
     /// Metadata device or image file.
     device: PathBuf,
     /// The data device (or image file): recompute the fingerprint of every
-    /// live block from its content.
+    /// live block from its content; check the data of an unflushed newest
+    /// journal append.
     #[arg(long, value_name = "DEV")]
     data: Option<PathBuf>,
     /// Report what would change; write nothing.
@@ -325,7 +336,9 @@ struct FormatArgs {
 /// as {pba, refcount, fingerprint}: the state, that is the trees with the
 /// journal (format version 2) replayed. The journal itself is dumped too:
 /// where it is, where it ends and why, and every append replay applied
-/// with its records, one per line ({"type": "map", "lba", "pba"},
+/// with its records (an unflushed one marked "unflushed"; dump reads no
+/// data device, so an unflushed newest append is applied unchecked, and
+/// it says so), one per line ({"type": "map", "lba", "pba"},
 /// "refcount", "fingerprint", "counters"). Its schema is in
 /// tools/README.md.
 #[derive(Args, Debug)]

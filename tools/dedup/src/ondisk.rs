@@ -32,8 +32,13 @@ pub const FIRST_TREE_BLOCK: u64 = SB_SLOTS;
 /// Superblock flag: the kernel found the metadata damaged and opens it
 /// read-only until `check --clear-needs-check` or `repair` clears it.
 pub const SB_NEEDS_CHECK: u32 = 0x1;
+/// Superblock flag (DD_SB_UNFLUSHED_APPENDS): the appends after this
+/// superblock may carry JF_UNFLUSHED. A bit an older reader refuses, so
+/// that it never replays an append whose data may not have reached the
+/// data device.
+pub const SB_UNFLUSHED_APPENDS: u32 = 0x2;
 /// Every flag the format defines; the kernel refuses any other bit.
-pub const SB_KNOWN_FLAGS: u32 = SB_NEEDS_CHECK;
+pub const SB_KNOWN_FLAGS: u32 = SB_NEEDS_CHECK | SB_UNFLUSHED_APPENDS;
 
 pub const BT_SUPER: u32 = 0x5250_5553; // "SUPR"
 pub const BT_INTERIOR: u32 = 0x5254_4e49; // "INTR"
@@ -62,6 +67,11 @@ pub const JOURNAL_HEADER_SIZE: usize = 64;
 pub const JOURNAL_PAYLOAD: usize = BLOCK_SIZE - JOURNAL_HEADER_SIZE;
 /// Journal block flag: the last block of an append (DD_JF_END).
 pub const JF_END: u32 = 0x1;
+/// Journal block flag (DD_JF_UNFLUSHED), on every block of an append
+/// written while the data device was being flushed for it: replay checks
+/// that append's data when it is the newest (dedup-format.rst, "The
+/// newest append"). Allowed only under SB_UNFLUSHED_APPENDS.
+pub const JF_UNFLUSHED: u32 = 0x2;
 /// Record types (enum dd_journal_record) and the key's layout.
 pub const JR_MAP: u8 = 1;
 pub const JR_REFCOUNT: u8 = 2;
@@ -862,6 +872,11 @@ impl Superblock {
             .then(|| self.journal_start..self.journal_start + self.journal_blocks)
     }
 
+    /// Whether the appends after this superblock may carry JF_UNFLUSHED.
+    pub fn unflushed_appends(&self) -> bool {
+        self.flags & SB_UNFLUSHED_APPENDS != 0
+    }
+
     /// Where the journal block of sequence number `seq` lives (the run
     /// must be sound).
     pub fn journal_block(&self, seq: u64) -> u64 {
@@ -1085,7 +1100,7 @@ pub struct JournalBlock {
     pub seq: u64,
     /// Bytes of records at the start of `payload`.
     pub used: u32,
-    /// JF_END on the last block of an append.
+    /// JF_END on the last block of an append; JF_UNFLUSHED.
     pub flags: u32,
     /// Bytes 64..4095 of the block: `used` bytes of records, then zeros.
     pub payload: Box<[u8; JOURNAL_PAYLOAD]>,
@@ -1151,6 +1166,10 @@ impl JournalBlock {
         self.flags & JF_END != 0
     }
 
+    pub fn is_unflushed(&self) -> bool {
+        self.flags & JF_UNFLUSHED != 0
+    }
+
     pub fn decode(b: &Block) -> JournalBlock {
         JournalBlock {
             header: Header::decode(&b[..]),
@@ -1180,13 +1199,15 @@ impl JournalBlock {
     /// The records of a block that continues the journal of a device
     /// with these sizes, or the first reason they are malformed, as the
     /// kernel's replay judges them: `used` above 4032 or not a multiple of
-    /// 8, unknown flags, a record that is unknown, crosses `used`, lies
-    /// beyond its array or has a non-zero REFCOUNT high half, and a block
-    /// with END whose last record is not COUNTERS.
+    /// 8, unknown flags (UNFLUSHED among them unless `unflushed_allowed`:
+    /// the superblock has SB_UNFLUSHED_APPENDS), a record that is unknown,
+    /// crosses `used`, lies beyond its array or has a non-zero REFCOUNT
+    /// high half, and a block with END whose last record is not COUNTERS.
     pub fn records(
         &self,
         logical_blocks: u64,
         data_blocks: u64,
+        unflushed_allowed: bool,
     ) -> Result<Vec<Record>, RecordFault> {
         let block_fault = |why: String| RecordFault { offset: None, why };
         if self.used as usize > JOURNAL_PAYLOAD || !self.used.is_multiple_of(8) {
@@ -1195,10 +1216,16 @@ impl JournalBlock {
                 self.used
             )));
         }
-        if self.flags & !JF_END != 0 {
+        let unknown = self.flags & !(JF_END | JF_UNFLUSHED);
+        if unknown != 0 {
+            return Err(block_fault(format!("unknown flags {unknown:#x}")));
+        }
+        if self.is_unflushed() && !unflushed_allowed {
+            // The kernel says "unknown flags" too: to a reader of this
+            // superblock the bit is not defined.
             return Err(block_fault(format!(
-                "unknown flags {:#x}",
-                self.flags & !JF_END
+                "unknown flags {JF_UNFLUSHED:#x} (UNFLUSHED, under a superblock without \
+                 UNFLUSHED_APPENDS)"
             )));
         }
         let used = self.used as usize;
@@ -1741,7 +1768,7 @@ mod tests {
             j.header.csum = stored_csum(&b);
             j
         });
-        assert_eq!(back.records(100, 10), Ok(recs.clone()));
+        assert_eq!(back.records(100, 10, false), Ok(recs.clone()));
         // Fits: 4032 bytes of whole records.
         let maps: Vec<Record> = (0..300).map(|i| Record::Map { lba: i, value: 1 }).collect();
         assert_eq!(JournalBlock::fits(&maps), 252);
@@ -1756,11 +1783,20 @@ mod tests {
         let fault = |f: fn(&mut JournalBlock)| {
             let mut j = back.clone();
             f(&mut j);
-            j.records(100, 10).unwrap_err()
+            j.records(100, 10, false).unwrap_err()
         };
         assert!(fault(|j| j.used = 4040).why.contains("bad record length"));
         assert!(fault(|j| j.used = 20).why.contains("bad record length"));
-        assert!(fault(|j| j.flags = 3).why.contains("unknown flags 0x2"));
+        assert!(fault(|j| j.flags = 5).why.contains("unknown flags 0x4"));
+        // UNFLUSHED: only under a superblock with UNFLUSHED_APPENDS.
+        let e = fault(|j| j.flags = JF_END | JF_UNFLUSHED);
+        assert!(e.why.contains("unknown flags 0x2 (UNFLUSHED"), "{e:?}");
+        let mut unflushed = back.clone();
+        unflushed.flags = JF_END | JF_UNFLUSHED;
+        assert!(unflushed.is_unflushed() && unflushed.is_end());
+        assert_eq!(unflushed.records(100, 10, true), Ok(recs.clone()));
+        unflushed.flags |= 0x4;
+        assert!(unflushed.records(100, 10, true).is_err());
         let e = fault(|j| j.used = 16 + 16 + 16 + 40);
         assert!(e.why.contains("does not end with its counters"), "{e:?}");
         let e = fault(|j| j.used = 8);
@@ -1773,14 +1809,14 @@ mod tests {
         let mut open = back.clone();
         open.flags = 0;
         open.used = 16;
-        assert_eq!(open.records(100, 10), Ok(recs[..1].to_vec()));
+        assert_eq!(open.records(100, 10, false), Ok(recs[..1].to_vec()));
         open.used = 0;
-        assert_eq!(open.records(100, 10), Ok(vec![]));
+        assert_eq!(open.records(100, 10, false), Ok(vec![]));
         // An END block without records: its append has no counters.
         open.flags = JF_END;
-        assert!(open.records(100, 10).is_err());
+        assert!(open.records(100, 10, false).is_err());
         // Index bounds of the device.
-        let e = back.records(7, 10).unwrap_err();
+        let e = back.records(7, 10, false).unwrap_err();
         assert!(e.why.contains("beyond the logical size"));
         assert_eq!(e.offset, Some(0));
     }

@@ -100,6 +100,10 @@ pub struct RepairSummary {
     pub journal_records_replayed: u64,
     /// Journal blocks dropped: a damaged append and everything after it.
     pub journal_blocks_dropped: u64,
+    /// The newest append was unflushed: applied unchecked (no --data),
+    /// checked and applied, or dropped (its data is not there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_unflushed: Option<journal::UnflushedOutcome>,
 }
 
 /// What repair will write and why.
@@ -276,7 +280,11 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
     // The journal that follows the superblock: what it replays is part of
     // the state. Its run stays reserved until the new superblock is
     // written, so that an interrupted repair leaves the journal too.
-    let replay = journal::replay(dev, &sb);
+    let mut replay = journal::replay(dev, &sb);
+    if let (Some(r), Some(d), Some(h)) = (replay.as_mut(), data, hasher) {
+        r.check_unflushed(d, h, sb.fp_size as usize)
+            .map_err(|e| Fatal(format!("--data: {e}")))?;
+    }
     let run_intact = sb
         .journal_run()
         .filter(|run| run.clone().all(|b| !in_use[b as usize]));
@@ -797,6 +805,18 @@ fn journal_changes(
                 r.end_seq - r.torn_blocks,
                 plural(r.torn_records, "record")
             ),
+        );
+    }
+    if let Some(u) = &r.unflushed {
+        sum.journal_unflushed = Some(u.outcome);
+        // A finding, not a change: the state written is the one the
+        // kernel's replay reaches (without --data, the one it reaches when
+        // the data is there).
+        ch.note(
+            "journal",
+            "journal_unflushed",
+            u.records,
+            format!("journal: {}", u.text()),
         );
     }
     if let journal::End::ReadError { .. } = r.end {

@@ -720,12 +720,25 @@ fn flags_are_cleared() {
     assert_mappings(&c, sample_mappings().into_iter());
     let (r, _) = run_check(&d);
     assert_eq!(r.superblock.unwrap().flags, 0);
+    // UNFLUSHED_APPENDS is known: written clear (the new journal is
+    // empty), and not a change.
+    let (mut d, _, _) = sample();
+    let mut sb = Superblock::decode(d.block(1));
+    sb.flags = SB_UNFLUSHED_APPENDS;
+    *d.block_mut(1) = *sb.encode();
+    let p = plan(&d, None).unwrap();
+    assert_eq!(p.changed(), 0, "{}", messages(&p));
+    assert_eq!(p.spec.sb.flags, 0);
+    write(&mut d, &p).unwrap();
+    let (r, _) = run_check(&d);
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    assert_eq!(r.superblock.unwrap().flags, 0);
 }
 
 // ---------------------------------------------------------------------
 // Format version 2: the journal.
 
-use crate::journal::tests::{contents_of, grow, shrink, Journaled};
+use crate::journal::tests::{contents_of, data_device, grow, shrink, Journaled};
 
 #[test]
 fn repair_replays_the_journal_into_the_trees() {
@@ -964,4 +977,77 @@ fn damage_in_the_first_append_leaves_the_superblocks_state() {
     );
     let (_, c, _) = repair_ok(&mut j.dev, None);
     assert_eq!(c, contents_of(&j.states[0]));
+}
+
+#[test]
+fn repair_checks_an_unflushed_newest_append_with_data() {
+    let setup = || {
+        let mut j = Journaled::with_data();
+        j.append(shrink);
+        let a2 = j.append(grow);
+        j.mark_unflushed(a2);
+        (j, a2)
+    };
+    let note = |p: &Plan| {
+        let c = p
+            .changes
+            .iter()
+            .find(|c| c.code == "journal_unflushed")
+            .unwrap_or_else(|| panic!("{}", messages(p)))
+            .clone();
+        assert!(!c.changed);
+        c.message
+    };
+    // Without --data: applied as it is, said to be unchecked.
+    let (mut j, a2) = setup();
+    let last = j.next_seq - 1;
+    let p = plan(&j.dev, None).unwrap();
+    assert_eq!(p.changed(), 0, "{}", messages(&p));
+    assert_eq!(
+        note(&p),
+        format!(
+            "journal: newest append (sequence {a2}..{last}) unflushed: not checked against the \
+             data (no data device), applied"
+        )
+    );
+    assert_eq!(
+        p.summary.journal_unflushed,
+        Some(crate::journal::UnflushedOutcome::Unchecked)
+    );
+    let (_, c, _) = repair_ok(&mut j.dev, None);
+    assert_eq!(c, contents_of(&j.states[2]));
+    // With it, the data there: checked and applied.
+    let (mut j, _) = setup();
+    let data = data_device();
+    let p = plan(&j.dev, Some(&data)).unwrap();
+    assert!(note(&p).ends_with("unflushed: its data checked, applied"));
+    assert_eq!(p.summary.journal_appends_replayed, 2);
+    let (_, c, _) = repair_ok(&mut j.dev, Some(&data));
+    assert_eq!(c, contents_of(&j.states[2]));
+    // A block it makes live without its data: dropped, the state is the
+    // one before it; the superblock written has the flag clear.
+    let (mut j, _) = setup();
+    let mut data = data_device();
+    data.block_mut(253).fill(0xee);
+    let p = plan(&j.dev, Some(&data)).unwrap();
+    assert_eq!(p.changed(), 0, "{}", messages(&p));
+    assert!(
+        note(&p).ends_with(
+            "data block 253 does not hold its fingerprint: dropped, as the kernel does (it was \
+             never acknowledged)"
+        ),
+        "{}",
+        messages(&p)
+    );
+    assert_eq!(p.summary.journal_appends_replayed, 1);
+    assert_eq!(
+        p.summary.journal_unflushed,
+        Some(crate::journal::UnflushedOutcome::Dropped)
+    );
+    let (_, c, _) = repair_ok(&mut j.dev, Some(&data));
+    assert_eq!(c, contents_of(&j.states[1]));
+    let (r, _) = run_check(&j.dev);
+    let sbi = r.superblock.unwrap();
+    assert_eq!(sbi.flags, 0);
+    assert_eq!(r.journal.unwrap().blocks_in_epoch, 0);
 }

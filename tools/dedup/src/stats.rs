@@ -385,13 +385,15 @@ pub fn render(s: &Stats) -> String {
 /// The journal's counters of the stats message (dd_message_stats(),
 /// format version 2): the blocks used since the last commit and the ring's
 /// size (0: version 1, no journal), appends and blocks written,
-/// the blocks replayed at activation, and commits (checkpoints).
-const JOURNAL_KEYS: [&str; 6] = [
+/// the blocks replayed at activation and those of an unflushed append
+/// dropped then (target 1.8.0), and commits (checkpoints).
+const JOURNAL_KEYS: [&str; 7] = [
     "journal_blocks_total",
     "journal_blocks_used",
     "journal_appends",
     "journal_blocks_written",
     "journal_blocks_replayed",
+    "journal_blocks_dropped",
     "checkpoints",
 ];
 
@@ -430,6 +432,12 @@ fn journal_row(s: &Stats) -> Option<String> {
     }
     if let Some(r) = get("journal_blocks_replayed") {
         parts.push(format!("{} replayed at activation", plural(r, "block")));
+    }
+    if let Some(d) = get("journal_blocks_dropped").filter(|&d| d > 0) {
+        parts.push(format!(
+            "{} of the newest append dropped then (its data was lost; never acknowledged)",
+            plural(d, "block")
+        ));
     }
     Some(parts.join("; "))
 }
@@ -604,6 +612,16 @@ hash sha256
         );
         assert!(!text.contains("journal blocks used"), "{text}");
         assert!(!text.contains("checkpoints 3"), "{text}");
+        assert!(!text.contains("dropped"), "{text}");
+        let dropped = parse_message(&format!("{with}journal_blocks_dropped 2\n")).unwrap();
+        let text = render(&combine("vol", st, Some(&dropped)));
+        assert!(
+            text.contains(
+                "0 blocks replayed at activation; 2 blocks of the newest append dropped then"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("journal blocks dropped"), "{text}");
         let v1 = parse_message(&format!(
             "{MESSAGE}journal_blocks_used 0\njournal_blocks_total 0\ncheckpoints 9\n"
         ))

@@ -512,6 +512,10 @@ fn write_trees_and_super(
 ) -> io::Result<(Superblock, Layout)> {
     // A new state: whatever save the superblock named describes another.
     let mut sb = spec.sb.clone().without_save();
+    // Its journal is empty (the epoch is settled past every block that
+    // could continue it), so no append of it can be unflushed; the kernel
+    // sets the bit again in the superblocks it writes.
+    sb.flags &= !SB_UNFLUSHED_APPENDS;
     let gen = sb.generation();
     let mut layout = Layout::default();
     let mut reserved = in_use.to_vec();
@@ -559,7 +563,9 @@ fn write_trees_and_super(
 /// without the needs_check flag, as the next generation, in the other
 /// slot, so that a torn write leaves the flagged superblock in force. A
 /// save the current superblock named is dropped: it describes that
-/// superblock only (the kernel flags without one anyway).
+/// superblock only (the kernel flags without one anyway). UNFLUSHED_APPENDS
+/// is kept: the journal after the state is the same, and its newest
+/// append may still be unflushed.
 pub fn clear_needs_check(dev: &mut dyn BlockDev, current: &Superblock) -> io::Result<Superblock> {
     let mut sb = current.clone().without_save();
     sb.flags &= !SB_NEEDS_CHECK;
@@ -741,6 +747,22 @@ mod tests {
         let mut d = MemDev::new(BLOCKS);
         let (sb, _) = write_image(&mut d, &spec).unwrap();
         assert_eq!((sb.generation(), sb.slot()), (MAX_TXN, 1));
+    }
+
+    /// Restore and repair write their state with an empty journal: never
+    /// with UNFLUSHED_APPENDS; other flags as the spec has them.
+    #[test]
+    fn a_written_state_has_unflushed_appends_clear() {
+        let mut sb = Superblock::new_formatted(BLOCKS, 10, 20, "sha256", 32, 0);
+        sb.header.txn = 3;
+        sb.flags = SB_NEEDS_CHECK | SB_UNFLUSHED_APPENDS;
+        let spec = ImageSpec::consistent(sb, &[(1, 2)], test_fingerprint);
+        let mut d = MemDev::new(BLOCKS);
+        let (sb, _) = write_image(&mut d, &spec).unwrap();
+        assert_eq!(sb.flags, SB_NEEDS_CHECK);
+        assert_eq!(Superblock::decode(d.block(sb.slot())).flags, SB_NEEDS_CHECK);
+        let sb = format(&mut d, 10, 20, "sha256", 32, 1234).unwrap();
+        assert_eq!(sb.flags, 0);
     }
 
     #[test]

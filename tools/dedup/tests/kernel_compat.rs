@@ -299,6 +299,14 @@ fn kernel_format_equals_dedup_format() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // The kernel's superblock has UNFLUSHED_APPENDS (it writes every
+        // one with a journal so); the tools write it clear, since their
+        // journal is empty. Otherwise the same bytes.
+        let mut kernel = kernel;
+        let slot: &mut [u8] = &mut kernel[4096..8192];
+        assert_eq!(le32(slot, 108), SB_UNFLUSHED_APPENDS, "{logical}/{data}");
+        slot[108..112].copy_from_slice(&0u32.to_le_bytes());
+        seal(slot.try_into().unwrap());
         assert!(
             kernel == fs::read(&u).unwrap(),
             "{logical}/{data}: bytes differ"
@@ -918,7 +926,7 @@ fn kernel_journal_with_a_torn_last_block() {
         let mut bytes = fs::read(&m).unwrap();
         let blk = &mut bytes[at as usize * 4096..][..4096];
         assert_eq!(le64(blk, 48), last_seq);
-        assert_eq!(le32(blk, 60), 1, "the last block ends an append");
+        assert_ne!(le32(blk, 60) & JF_END, 0, "the last block ends an append");
         blk[100] ^= 0x20;
         fs::write(&m, &bytes).unwrap();
 
