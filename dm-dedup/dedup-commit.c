@@ -692,8 +692,9 @@ out:
 
 /*
  * Does data block @pba hold the data whose fingerprint @fp the journal's
- * newest append recorded? Asked at activation, when that append was
- * written while its data was being flushed.
+ * newest append recorded? Asked when that append was written while its
+ * data was being flushed and is replayed: at activation, and in memory
+ * after an abort.
  */
 int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp)
 {
@@ -702,7 +703,8 @@ int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp)
 	struct page *page;
 	int r;
 
-	page = alloc_page(GFP_KERNEL);
+	/* Also after an abort, under the metadata lock that writeback needs. */
+	page = alloc_page(GFP_NOIO);
 	if (!page)
 		return -ENOMEM;
 	r = dd_read_data_block(dc, pba, page);
