@@ -505,6 +505,31 @@ int dd_journal_has_records(struct dd_bm *bm,
 	return r;
 }
 
+/*
+ * Hand the records of the blocks from @first to @end (counted from the
+ * epoch), which the scan checked, to @apply.
+ */
+static int dd_replay_range(struct dd_replay *rp, u64 first, u64 end,
+			   dd_journal_apply_fn apply, void *ctx, u64 *records)
+{
+	const struct dd_journal_geometry *geo = rp->geo;
+	const char *why;
+	struct page *p;
+	u64 k;
+	int r = 0;
+
+	for (k = first; !r && k < end; k++) {
+		r = dd_replay_block(rp, geo->epoch + k, &p);
+		/* Read again: it must still be what the scan checked. */
+		if (!r && !dd_continues(geo, dd_jh(p), geo->epoch + k))
+			r = -EIO;
+		if (!r)
+			r = dd_replay_records(geo, p, apply, ctx, records, &why);
+		cond_resched();
+	}
+	return r;
+}
+
 /* What dd_replay_verify() hands each record of the append it checks. */
 struct dd_replay_check {
 	dd_journal_verify_fn verify;
@@ -543,20 +568,11 @@ static int dd_replay_verify(struct dd_replay *rp, u64 first, u64 end,
 			    struct dd_journal_replayed *out)
 {
 	struct dd_replay_check c = { .verify = verify, .ctx = vctx };
-	const struct dd_journal_geometry *geo = rp->geo;
-	const char *why;
-	struct page *p;
-	u64 k, unused;
-	int r = 0;
+	u64 unused = 0;
+	int r;
 
-	for (k = first; !r && k < end; k++) {
-		r = dd_replay_block(rp, geo->epoch + k, &p);
-		if (!r && !dd_continues(geo, dd_jh(p), geo->epoch + k))
-			r = -EIO;
-		if (!r)
-			r = dd_replay_records(geo, p, dd_replay_check_record,
-					      &c, &unused, &why);
-	}
+	r = dd_replay_range(rp, first, end, dd_replay_check_record, &c,
+			    &unused);
 	if (c.error)
 		DMERR("%s: journal: cannot read data block %llu to check the last append: error %d",
 		      dd_bm_name(rp->bm), c.pba, c.error);
@@ -574,10 +590,8 @@ int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      struct dd_journal_replayed *out)
 {
 	struct dd_replay rp = { .bm = bm, .geo = geo };
-	u64 whole, last, k;
+	u64 whole, last;
 	bool unflushed;
-	const char *why;
-	struct page *p;
 	unsigned int i;
 	int r = 0;
 
@@ -597,16 +611,8 @@ int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 			r = 0;
 		}
 	}
-	for (k = 0; !r && k < whole; k++) {
-		r = dd_replay_block(&rp, geo->epoch + k, &p);
-		/* Read again: it must still be what the scan checked. */
-		if (!r && !dd_continues(geo, dd_jh(p), geo->epoch + k))
-			r = -EIO;
-		if (!r)
-			r = dd_replay_records(geo, p, apply, ctx,
-					      &out->records, &why);
-		cond_resched();
-	}
+	if (!r)
+		r = dd_replay_range(&rp, 0, whole, apply, ctx, &out->records);
 	if (!r)
 		out->blocks = whole;
 out:
