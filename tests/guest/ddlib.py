@@ -595,12 +595,6 @@ class BlockDev:
         if self.big is not None:
             self.big.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
-
     def write(self, lba, data):
         """Write one 4 KiB block at logical block `lba` (raises OSError)."""
         assert len(data) == BLOCK
@@ -666,7 +660,8 @@ def verify_blocks(path, expected, nblocks=None):
     """expected: {lba: bytes}.  If nblocks is given, every other LBA below
     nblocks must read zeros.  Raises AssertionError listing mismatches."""
     bad = []
-    with BlockDev(path) as bd:
+    # Read only: closing a writable descriptor makes udev probe the device.
+    with BlockDev(path, readonly=True) as bd:
         if nblocks is None:
             for lba in sorted(expected):
                 got = bd.read(lba)
