@@ -267,13 +267,15 @@ static void dd_data_flush_succeeded(struct dedup_c *dc, u64 done)
 static void dd_flush_ahead_endio(struct bio *bio)
 {
 	struct dedup_c *dc = bio->bi_private;
-	bool ok = !bio->bi_status;
+	int r = blk_status_to_errno(bio->bi_status);
 	unsigned long flags;
 
 	bio_uninit(bio);
 	spin_lock_irqsave(&dc->flush_lock, flags);
-	if (ok)
+	if (!r)
 		dd_data_flush_succeeded(dc, dc->ahead_count);
+	else if (!dc->ahead_error)
+		dc->ahead_error = r;
 	dc->ahead_inflight = false;
 	/* Under the lock: a waiter may free dc once it sees the flush done. */
 	wake_up_all(&dc->ahead_wait);
@@ -285,8 +287,10 @@ static void dd_flush_ahead_endio(struct bio *bio)
  * written since the last flush and none is on its way (and, for an
  * @idle one, a flush request armed it): the append then finds it done
  * or on its way and waits for that instead of sending one and waiting
- * for all of it (dd_data_flush_covers). A failed one is not an error: the
- * append sends its own, which fails the append if it fails too.
+ * for all of it (dd_data_flush_covers). A failed one fails the next
+ * append or commit, whatever flushes succeed after it: a device whose
+ * flush failed may have dropped the writes it held, and a later flush
+ * does not bring them back.
  */
 static void dd_flush_ahead(struct dedup_c *dc, bool idle)
 {
@@ -445,6 +449,17 @@ static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f)
 	f->sent = true;
 }
 
+/* Did a flush sent ahead fail? Then data written before it may be lost. */
+static int dd_data_flush_ahead_error(struct dedup_c *dc)
+{
+	int r;
+
+	spin_lock_irq(&dc->flush_lock);
+	r = dc->ahead_error;
+	spin_unlock_irq(&dc->flush_lock);
+	return r;
+}
+
 /* The flush begun is done: 0 if the data it covers is stable. */
 static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
 {
@@ -461,9 +476,13 @@ static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
 		r = blk_status_to_errno(f->bio.bi_status);
 		bio_uninit(&f->bio);
 	} else {
-		/* The flush sent ahead failed: try one of our own. */
-		r = blkdev_issue_flush(dc->data_dev->bdev);
+		/* It was to cover ours: it failed, or dd_data_flush_covers waited. */
+		r = dd_data_flush_ahead_error(dc);
+		if (!r)
+			r = blkdev_issue_flush(dc->data_dev->bdev);
 	}
+	if (!r)
+		r = dd_data_flush_ahead_error(dc);
 	if (!r) {
 		spin_lock_irq(&dc->flush_lock);
 		dd_data_flush_succeeded(dc, f->count);
@@ -717,6 +736,23 @@ int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp)
 }
 
 /*
+ * Before activation checks the newest append's data and checkpoints what
+ * it found. The check reads what the device returns, which may still sit
+ * in its volatile cache after a crash that did not cut its power; the
+ * checkpoint makes the append permanent, so the data must be as well.
+ */
+int dd_journal_data_flush(void *ctx)
+{
+	struct dedup_c *dc = ctx;
+	int r = blkdev_issue_flush(dc->data_dev->bdev);
+
+	if (r)
+		DMERR("%s: journal: cannot flush the data device to check the newest append: %d",
+		      dd_name(dc), r);
+	return r;
+}
+
+/*
  * The commit message: a commit, and one more if that one released data
  * blocks, so that they are free when the message returns (dedup-space.h).
  */
@@ -797,6 +833,7 @@ void dd_commit_init(struct dedup_c *dc)
 	dc->ahead_armed = false;
 	dc->ahead_idles = 0;
 	dc->ahead_inflight = false;
+	dc->ahead_error = 0;
 	init_waitqueue_head(&dc->ahead_wait);
 	atomic64_set(&dc->data_flushes_ahead, 0);
 	init_waitqueue_head(&dc->reads_wait);

@@ -678,6 +678,14 @@ static int dd_replay_trees(struct dd_metadata *md, char **error)
 		r = dd_array_walk(&md->refcount, NULL, NULL);
 	if (!r)
 		r = dd_array_walk(&md->fingerprint, NULL, NULL);
+	/* Only such a superblock's newest append may need its data checked. */
+	if (!r && geo.unflushed && md->cfg.verify && md->cfg.flush_data) {
+		r = md->cfg.flush_data(md->cfg.ctx);
+		if (r) {
+			*error = "cannot flush the data device to check the journal";
+			return r;
+		}
+	}
 	if (!r)
 		r = dd_journal_replay(md->bm, &geo, dd_apply, md,
 				      md->cfg.verify, md->cfg.ctx, &md->replayed);

@@ -71,7 +71,14 @@ struct dd_md_config {
 	 * written before its data was flushed; NULL: applied unchecked.
 	 */
 	dd_journal_verify_fn verify;
-	void *ctx;		/* for visit and verify */
+	/*
+	 * Makes what the data device holds durable, before a read-write
+	 * open checks that data and checkpoints what it found: a crash that
+	 * kept the device's cache (a reset, a killed guest) must not leave
+	 * a checked block that the next power loss takes back. NULL: none.
+	 */
+	int (*flush_data)(void *ctx);
+	void *ctx;		/* for visit, verify and flush_data */
 	struct dd_md_saved *saved;	/* may be NULL: always rebuild */
 	dd_saved_ok_fn saved_ok;
 };

@@ -135,13 +135,14 @@ struct dedup_c {
 	 * What the data flushes covered, and the one sent before a flush
 	 * request needs it (dd_flush_ahead)
 	 */
-	spinlock_t flush_lock;		/* protects the five below */
+	spinlock_t flush_lock;		/* protects the six below */
 	/* the newest data_writes_done a flush that succeeded was sent at */
 	u64 data_writes_flushed;
 	bool ahead_armed;		/* by the last flush request */
 	unsigned int ahead_idles;	/* dd_writes_idle() since that request */
 	bool ahead_inflight;		/* ahead_bio is on its way */
 	u64 ahead_count;		/* data_writes_done when it was sent */
+	int ahead_error;		/* one sent ahead failed: never cleared */
 	struct bio ahead_bio;
 	wait_queue_head_t ahead_wait;	/* ahead_inflight went false */
 	atomic64_t data_flushes_ahead;
@@ -330,6 +331,7 @@ u64 dd_flush_ticket(struct dedup_c *dc);
 void dd_fua_data_written(struct dedup_c *dc);
 void dd_writes_idle(struct dedup_c *dc);
 int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp);
+int dd_journal_data_flush(void *ctx);
 bool dd_data_covered(struct dedup_c *dc, struct dd_write_block *run);
 void dd_degrade(struct dedup_c *dc, int mode, const char *what, int r);
 void dd_metadata_error(struct dedup_c *dc, const char *what, int r);

@@ -418,6 +418,7 @@ static int dd_open_metadata(struct dedup_c *dc, struct dm_target *ti,
 		.identity_only = identity_only,
 		.visit = dd_index_visit,
 		.verify = dd_journal_data_verify,
+		.flush_data = dd_journal_data_flush,
 		.saved_ok = dd_index_saved_ok,
 		.ctx = dc,
 	};

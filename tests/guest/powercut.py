@@ -51,6 +51,16 @@ class PowerRig:
         for k in disks:
             run(["dmsetup", "resume", self.layers[k]])
 
+    def restart(self):
+        """A crash that keeps the disks powered (a reset, a killed guest):
+        remove everything above the disks, which keep their caches, and
+        set up again."""
+        self.dev.remove()
+        for k in "md":
+            ddlib.dm_remove(self.layers[k])
+        self._linear()
+        self.dev.activate()
+
     def power_cycle(self):
         """Remove everything above the disks, lose their caches, set up again."""
         self.dev.remove()

@@ -128,6 +128,34 @@ def test_power_cut_nullblk(backing, seed):
         assert got == state
 
 
+def _append_whose_data_flush_is_lost(rig, seed):
+    """Eight blocks made durable by an fsync, then three writes (two new
+    blocks and a duplicate) whose fsync's append reaches the metadata disk
+    while its data flush is lost; the second new block was not flushed
+    ahead. Both disks are cut at the end. Returns (old, new) contents."""
+    dev = rig.dev
+    dev.activate()
+    old = [block_data(seed, i) for i in range(8)]
+    new = list(old)
+    new[0], new[1], new[2] = block_data(seed, 100), block_data(seed, 101), old[3]
+    with BlockDev(dev.path) as bd:
+        bd.write_range(0, old)
+        bd.fsync()
+        # The fsync came right after a write: the next write's data is
+        # flushed ahead when it completes, but the one after that's is not.
+        bd.write(0, new[0])
+        ahead = int(dev.stats()["data_flushes_ahead"])
+        bd.write(1, new[1])
+        bd.write(2, new[2])             # a duplicate, in the same append
+        assert int(dev.stats()["data_flushes_ahead"]) == ahead, \
+            "the second write's data was flushed ahead: nothing would be lost"
+    rig.cut("d")
+    with BlockDev(dev.path) as bd:
+        bd.fsync()                      # the append; its data flush is lost
+    rig.cut()
+    return old, new
+
+
 def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
     """An fsync's journal append is written while the data device is
     flushed for it. A power cut between the two, the append on the
@@ -137,23 +165,7 @@ def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
     fsync before, never the lost data or another block's."""
     rig = PowerRig(backing)
     dev = rig.dev
-    dev.activate()
-    old = [block_data(seed, i) for i in range(8)]
-    with BlockDev(dev.path) as bd:
-        bd.write_range(0, old)
-        bd.fsync()
-        # The fsync came right after a write: the next write's data is
-        # flushed ahead when it completes, but the one after that's is not.
-        bd.write(0, block_data(seed, 100))
-        ahead = int(dev.stats()["data_flushes_ahead"])
-        bd.write(1, block_data(seed, 101))
-        bd.write(2, old[3])             # a duplicate, in the same append
-        assert int(dev.stats()["data_flushes_ahead"]) == ahead, \
-            "the second write's data was flushed ahead: nothing would be lost"
-    rig.cut("d")
-    with BlockDev(dev.path) as bd:
-        bd.fsync()                      # the append; its data flush is lost
-    rig.cut()
+    old, _ = _append_whose_data_flush_is_lost(rig, seed)
     rig.power_cycle()
     dropped = [line for line in kmsg_check.lines()
                if "last append" in line and "dropped" in line]
@@ -170,3 +182,27 @@ def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
     dev.activate()
     with BlockDev(dev.path) as bd:
         assert bd.read_range(0, 8) == old
+
+
+def test_append_checked_in_the_data_cache_is_flushed_first(backing, seed, kmsg_check):
+    """The same lost data flush, but the crash keeps the disks powered:
+    the new data is still in the data disk's cache, so activation finds it
+    and keeps the append, which its checkpoint makes permanent. The data
+    must then be made durable as well, before the check: a power cut
+    after that activation must not take back a block the metadata now
+    points at for good."""
+    rig = PowerRig(backing)
+    dev = rig.dev
+    _, new = _append_whose_data_flush_is_lost(rig, seed)
+    rig.restart()
+    assert not [line for line in kmsg_check.lines()
+                if "last append" in line and "dropped" in line], \
+        "the data was in the disk's cache: the append should have been kept"
+    with BlockDev(dev.path) as bd:
+        assert bd.read_range(0, 8) == new
+    rig.cut()
+    rig.power_cycle()
+    with BlockDev(dev.path) as bd:
+        got = bd.read_range(0, 8)
+    bad = [lba for lba in range(8) if got[lba] != new[lba]]
+    assert not bad, "blocks lost after the activation that kept their append: %s" % bad

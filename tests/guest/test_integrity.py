@@ -15,6 +15,7 @@ data block against its fingerprint record and fails the test on a mismatch.
 """
 
 import os
+import time
 
 import pytest
 
@@ -153,6 +154,44 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
         assert bd.read(200) == ddlib.block_data(seed, 200)
     dd.remove()
     run(["dmsetup", "remove", "ddtidata"])
+
+
+def test_a_failed_flush_sent_ahead_fails_the_next_append(backing, seed):
+    """The data device is flushed ahead when a writer that flushes after
+    each write goes idle. If that flush fails, a flush that succeeds later
+    does not prove the writes it was to cover durable (the disk may have
+    dropped them with its cache): the fsync that relied on it fails, and
+    the device goes read-only. The data disk sits under dm-delay, which
+    holds the flush sent ahead (and every data write) 4 s, long enough to
+    switch in a layer that fails it, and to switch that layer out again
+    before the fsync."""
+    meta = backing.loop(16, "meta")
+    data_raw = backing.loop(64, "data")
+    under, sectors = ddlib.dm_linear("ddtfaunder", data_raw)
+    run(["dmsetup", "create", "ddtfadelay", "--table",
+         "0 %d delay %s 0 0 %s 0 4000" % (sectors, under, under)])
+    logical = 128 * ddlib.MIB // 512
+    dd = ddlib.DedupDev.create("ddtfa", meta, "/dev/mapper/ddtfadelay", logical,
+                               ["commit_interval", "3600"])
+    with ddlib.BlockDev(dd.path) as bd:
+        bd.write_range(0, [ddlib.block_data(seed, lba) for lba in range(4)])
+        bd.fsync()                      # right after a write: arms the flush ahead
+        ahead = int(dd.stats()["data_flushes_ahead"])
+        bd.write(8, ddlib.block_data(seed, 8))
+        assert int(dd.stats()["data_flushes_ahead"]) == ahead + 1, \
+            "no flush was sent ahead: the test does not test what it says"
+        # That flush is held by dm-delay for 4 s: it fails below.
+        ddlib.dm_swap_table("ddtfaunder", "0 %d flakey %s 0 0 1 1 error_writes" % (
+            sectors, data_raw))
+        time.sleep(5)
+        ddlib.dm_swap_table("ddtfaunder", "0 %d linear %s 0" % (sectors, data_raw))
+        with pytest.raises(OSError):
+            bd.fsync()
+    st = dd.status()
+    assert st["mode"] == "ro", st["raw"]
+    dd.remove()
+    ddlib.dm_remove("ddtfadelay")
+    ddlib.dm_remove("ddtfaunder")
 
 
 # ---------------------------------------------------------------------------
