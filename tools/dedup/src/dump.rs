@@ -664,6 +664,19 @@ fn generation_too_large(gen: u64) -> String {
     )
 }
 
+/// Why restore refuses `dump`, if it does: its state includes a newest
+/// journal append written while its data was being flushed, which dump
+/// (without a data device) applied unchecked. The kernel would check it
+/// at activation and might drop it; restore would make it permanent.
+pub fn unchecked_append(dump: &Dump) -> Option<String> {
+    let u = dump.journal.as_ref()?.unflushed.as_ref()?;
+    Some(format!(
+        "refused: journal: {u}; restoring would make that append permanent without its data \
+         checked. Check it first (`dedup repair --data DATA` on the source metadata device, or \
+         activate the device once and remove it), then dump again"
+    ))
+}
+
 /// Write `spec` to `dev` (metadata_blocks = the device size) after the
 /// size and overwrite checks. Err((exit code, message)).
 pub fn restore_to(
@@ -750,6 +763,10 @@ pub fn run_restore(input: &Path, device: &Path, force: bool, generation: Option<
             return EXIT_OPERATIONAL;
         }
     };
+    if let Some(why) = unchecked_append(&dump) {
+        eprintln!("dedup restore: {}: {why}", input.display());
+        return EXIT_OPERATIONAL;
+    }
     let spec = match validate(&dump, generation, 50) {
         Ok(s) => s,
         Err(errs) => {
@@ -828,7 +845,8 @@ mod tests {
 
     /// Dump has no data device: an unflushed newest append is dumped
     /// applied, marked, with a word that it was not checked; restore
-    /// writes the state with UNFLUSHED_APPENDS clear.
+    /// refuses such a dump, and the state written from it (restore_to)
+    /// has UNFLUSHED_APPENDS clear.
     #[test]
     fn an_unflushed_append_is_dumped_marked() {
         use crate::journal::tests::{contents_of, grow, shrink, Journaled};
@@ -858,6 +876,11 @@ mod tests {
             "{dj:?}"
         );
         assert_eq!(d.superblock.flags, SB_UNFLUSHED_APPENDS);
+        let why = unchecked_append(&d).expect("restore refuses it");
+        assert!(why.contains("dedup repair --data"), "{why}");
+        let mut flushed = d.clone();
+        flushed.journal.as_mut().unwrap().unflushed = None;
+        assert_eq!(unchecked_append(&flushed), None);
         let spec = validate(&d, None, 10).unwrap();
         assert_eq!(
             (spec.mappings.clone(), spec.refcounts.clone()),

@@ -199,7 +199,9 @@ struct CheckArgs {
 /// went; the state is then the one after the last whole append before it.
 /// An unflushed newest append is checked against --data as `dedup check`
 /// checks it, and applied or dropped as the kernel would (a note says
-/// which); without --data it is applied unchecked.
+/// which); without --data repair refuses to run, since it would make an
+/// append permanent that the kernel might drop. The data device is
+/// flushed before it is read.
 /// The new superblock has an empty journal: the same run and journal id
 /// with the epoch moved two rings on (journal_seq + 2 * journal_blocks),
 /// or, if the run cannot be used, a new run after the new trees, as long

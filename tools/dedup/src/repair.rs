@@ -100,7 +100,8 @@ pub struct RepairSummary {
     pub journal_records_replayed: u64,
     /// Journal blocks dropped: a damaged append and everything after it.
     pub journal_blocks_dropped: u64,
-    /// The newest append was unflushed: applied unchecked (no --data),
+    /// The newest append was unflushed: checked against --data (repair
+    /// refuses to run without it),
     /// checked and applied, or dropped (its data is not there).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub journal_unflushed: Option<journal::UnflushedOutcome>,
@@ -281,6 +282,16 @@ pub fn plan(dev: &dyn BlockDev, data: Option<&(dyn BlockDev + Sync)>) -> Result<
     // the state. Its run stays reserved until the new superblock is
     // written, so that an interrupted repair leaves the journal too.
     let mut replay = journal::replay(dev, &sb);
+    // Repair makes the state permanent: an append the kernel might drop
+    // (its data may never have reached the disk) must be checked first.
+    if let (Some(u), None) = (replay.as_ref().and_then(|r| r.unflushed.as_ref()), data) {
+        return Err(Fatal(format!(
+            "the newest journal append (sequence {}..{}) was written while its data was being \
+             flushed, and repair would make it permanent: its data must be checked first; give \
+             the data device with --data",
+            u.first_seq, u.last_seq
+        )));
+    }
     if let (Some(r), Some(d), Some(h)) = (replay.as_mut(), data, hasher) {
         r.check_unflushed(d, h, sb.fp_size as usize)
             .map_err(|e| Fatal(format!("--data: {e}")))?;
@@ -1150,13 +1161,25 @@ pub fn run(a: RepairArgs<'_>) -> i32 {
              verify the fingerprints with --data)",
         );
     }
-    let data = match a.data {
+    let mut data = match a.data {
         None => None,
         Some(p) => match FileDev::open(p, false) {
             Ok(d) => Some(d),
             Err(e) => return fail(a.json, &name, EXIT_OPERATIONAL, &format!("--data: {}", e.0)),
         },
     };
+    // What the data device holds is made durable before repair checks it
+    // and writes a state that relies on it: after a crash that kept the
+    // device's cache, a block may still be there that a power loss would
+    // take back (the kernel flushes at activation for the same reason).
+    if let Some(Err(e)) = data.as_mut().map(|d| d.flush()) {
+        return fail(
+            a.json,
+            &name,
+            EXIT_OPERATIONAL,
+            &format!("--data: cannot flush the data device: {e}"),
+        );
+    }
     let plan = match plan(&dev, data.as_ref().map(|d| d as &(dyn BlockDev + Sync))) {
         Ok(p) => p,
         Err(f) => {

@@ -998,24 +998,19 @@ fn repair_checks_an_unflushed_newest_append_with_data() {
         assert!(!c.changed);
         c.message
     };
-    // Without --data: applied as it is, said to be unchecked.
-    let (mut j, a2) = setup();
+    // Without --data: refused (repair would make permanent an append the
+    // kernel may drop).
+    let (j, a2) = setup();
     let last = j.next_seq - 1;
-    let p = plan(&j.dev, None).unwrap();
-    assert_eq!(p.changed(), 0, "{}", messages(&p));
-    assert_eq!(
-        note(&p),
-        format!(
-            "journal: newest append (sequence {a2}..{last}) unflushed: not checked against the \
-             data (no data device), applied"
-        )
+    let Err(e) = plan(&j.dev, None) else {
+        panic!("repair without --data was not refused");
+    };
+    assert!(
+        e.0.contains(&format!("newest journal append (sequence {a2}..{last})"))
+            && e.0.ends_with("give the data device with --data"),
+        "{}",
+        e.0
     );
-    assert_eq!(
-        p.summary.journal_unflushed,
-        Some(crate::journal::UnflushedOutcome::Unchecked)
-    );
-    let (_, c, _) = repair_ok(&mut j.dev, None);
-    assert_eq!(c, contents_of(&j.states[2]));
     // With it, the data there: checked and applied.
     let (mut j, _) = setup();
     let data = data_device();
