@@ -287,16 +287,16 @@ u64 dd_journal_next_epoch(struct dd_journal *j)
 	return seq;
 }
 
-void dd_journal_checkpointed(struct dd_journal *j, u64 epoch)
+void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed)
 {
 	mutex_lock(&j->lock);
 	WARN_ON_ONCE(j->writing);
 	j->geo.epoch = epoch;
 	/*
-	 * The checkpoint's superblock has DD_SB_UNFLUSHED_APPENDS, so its
+	 * If the checkpoint's superblock has DD_SB_UNFLUSHED_APPENDS, its
 	 * appends may be written before their data is flushed.
 	 */
-	j->geo.unflushed = true;
+	j->geo.unflushed = unflushed;
 	j->next_seq = max(j->next_seq, epoch);
 	j->overflow = false;
 	dd_journal_clear(j);

@@ -85,7 +85,7 @@ u64 dd_journal_next_epoch(struct dd_journal *j);
  * Its superblock has DD_SB_UNFLUSHED_APPENDS: appends after it are
  * marked DD_JF_UNFLUSHED.
  */
-void dd_journal_checkpointed(struct dd_journal *j, u64 epoch);
+void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed);
 /* Blocks appended in the running epoch, and whether records wait. */
 u64 dd_journal_used(struct dd_journal *j);
 bool dd_journal_pending(struct dd_journal *j);

@@ -196,7 +196,8 @@ static void dd_fill_sb(struct dd_metadata *md, struct dd_superblock *sb)
 	if (md->journaled) {
 		sb->journal_seq = cpu_to_le64(dd_journal_next_epoch(&md->jnl));
 		/* Its appends are written with their data flush on its way. */
-		sb->flags |= cpu_to_le32(DD_SB_UNFLUSHED_APPENDS);
+		if (!md->cfg.flush_first)
+			sb->flags |= cpu_to_le32(DD_SB_UNFLUSHED_APPENDS);
 	}
 }
 
@@ -2069,7 +2070,8 @@ static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 	md->sb = sb;
 	dd_counters(md, md->durable_counters);
 	if (md->journaled)
-		dd_journal_checkpointed(&md->jnl, le64_to_cpu(sb.journal_seq));
+		dd_journal_checkpointed(&md->jnl, le64_to_cpu(sb.journal_seq),
+					le32_to_cpu(sb.flags) & DD_SB_UNFLUSHED_APPENDS);
 	md->checkpoints++;
 	dd_bm_next_txn(md->bm);
 	return 0;

@@ -65,6 +65,12 @@ struct dd_md_config {
 	 */
 	bool hold_frees;
 	bool identity_only;	/* check the table against it, then stop */
+	/*
+	 * Appends wait for their data flush (no UNFLUSHED_APPENDS): with a
+	 * hash that is not collision resistant, replay's check of the newest
+	 * append could take stale data for the data its records name.
+	 */
+	bool flush_first;
 	dd_fp_visit_fn visit;
 	/*
 	 * Checks the data of the journal's newest append when it was

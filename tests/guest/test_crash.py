@@ -25,9 +25,13 @@ commit_interval is 3600 so that no periodic commit hides the effect of the
 cut.
 """
 
+import json
 import os
 
-from ddlib import ZERO, BlockDev, block_data, digest
+import pytest
+
+import ddlib
+from ddlib import ZERO, BlockDev, block_data, digest, run
 from powercut import PowerRig
 
 NB = 512          # LBAs looked at (all writes of the test are below this)
@@ -206,3 +210,30 @@ def test_append_checked_in_the_data_cache_is_flushed_first(backing, seed, kmsg_c
         got = bd.read_range(0, 8)
     bad = [lba for lba in range(8) if got[lba] != new[lba]]
     assert not bad, "blocks lost after the activation that kept their append: %s" % bad
+
+
+@pytest.mark.parametrize("hash_opts", [(), ("hash", "crc32c", "verify")],
+                         ids=["sha256", "crc32c"])
+def test_appends_go_beside_their_data_flush_only_with_a_strong_hash(backing, seed,
+                                                                   hash_opts):
+    """Replay trusts the newest append if the fingerprints of its new
+    blocks match the data found. With crc32c, allowed with verify, stale
+    data could match by chance (or by design): the append then waits for
+    its data flush, and neither it nor the superblock carries UNFLUSHED.
+    Read off the metadata disk as a crash leaves it, with `dedup dump`."""
+    strong = not hash_opts
+    rig = PowerRig(backing, opts=hash_opts)
+    dev = rig.dev
+    dev.activate()
+    with BlockDev(dev.path) as bd:
+        bd.write_range(0, [block_data(seed, i) for i in range(4)])
+        bd.fsync()
+    rig.cut()                           # nothing more reaches either disk
+    dev.remove()
+    p = run([ddlib.DEDUP_BIN, "dump", "/dev/mapper/" + rig.layers["m"]])
+    doc = json.loads(p.stdout)
+    appends = doc["journal"]["appends"]
+    assert appends, "the fsync's append is not in the journal"
+    assert bool(doc["superblock"]["flags"] & 2) == strong, doc["superblock"]
+    assert [a.get("unflushed", False) for a in appends] == [strong] * len(appends), \
+        [(a["first_seq"], a.get("unflushed", False)) for a in appends]
