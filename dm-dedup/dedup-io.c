@@ -396,7 +396,7 @@ static void dd_run_endio(struct bio *clone)
 	run->error = blk_status_to_errno(clone->bi_status);
 	if (run->error)
 		atomic64_inc(&dc->data_write_errors);
-	run->flush_ticket = dd_flush_ticket(dc);
+	run->flush_ticket = dd_flush_ticket(dc, !run->error);
 	bio_put(clone);
 	if (llist_add(&run->run_node, &dc->stored))
 		queue_work(dc->wq, &dc->stored_work);

@@ -229,6 +229,8 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
 	b->nr = j->nr_pending;
 	b->first_seq = j->next_seq;
 	b->unflushed = j->geo.unflushed;
+	if (b->unflushed)
+		j->unchecked = true;
 	j->next_seq += j->nr_pending;
 	j->nr_pending = 0;
 	j->used = 0;
@@ -277,6 +279,24 @@ void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b)
 	b->nr = 0;
 }
 
+void dd_journal_data_stable(struct dd_journal *j)
+{
+	mutex_lock(&j->lock);
+	WARN_ON_ONCE(j->writing);
+	j->unchecked = false;
+	mutex_unlock(&j->lock);
+}
+
+bool dd_journal_unchecked(struct dd_journal *j)
+{
+	bool r;
+
+	mutex_lock(&j->lock);
+	r = j->unchecked;
+	mutex_unlock(&j->lock);
+	return r;
+}
+
 u64 dd_journal_next_epoch(struct dd_journal *j)
 {
 	u64 seq;
@@ -297,6 +317,7 @@ void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed)
 	 * appends may be written before their data is flushed.
 	 */
 	j->geo.unflushed = unflushed;
+	j->unchecked = false;
 	j->next_seq = max(j->next_seq, epoch);
 	j->overflow = false;
 	dd_journal_clear(j);

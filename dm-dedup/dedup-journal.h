@@ -49,6 +49,11 @@ struct dd_journal {
 	u32 used;		/* record bytes in the last pending block */
 	bool overflow;		/* records were dropped: checkpoint next */
 	bool writing;		/* a batch was taken and is not written yet */
+	/*
+	 * The newest append was taken marked DD_JF_UNFLUSHED, and its data
+	 * flush is not known to have succeeded: replay must check it.
+	 */
+	bool unchecked;
 	struct page **spare;	/* written blocks kept for reuse */
 	unsigned int nr_spare;
 	u64 appends;
@@ -82,10 +87,14 @@ void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b);
 u64 dd_journal_next_epoch(struct dd_journal *j);
 /*
  * The checkpoint naming @epoch is on disk: the records noted are in it.
- * Its superblock has DD_SB_UNFLUSHED_APPENDS: appends after it are
- * marked DD_JF_UNFLUSHED.
+ * @unflushed: its superblock has DD_SB_UNFLUSHED_APPENDS, so appends
+ * after it are marked DD_JF_UNFLUSHED.
  */
 void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed);
+/* The data the newest append points at was flushed since it was taken. */
+void dd_journal_data_stable(struct dd_journal *j);
+/* Must a replay of the journal as written check the newest append? */
+bool dd_journal_unchecked(struct dd_journal *j);
 /* Blocks appended in the running epoch, and whether records wait. */
 u64 dd_journal_used(struct dd_journal *j);
 bool dd_journal_pending(struct dd_journal *j);

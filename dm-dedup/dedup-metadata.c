@@ -633,9 +633,10 @@ static void dd_replay_dropped(struct dd_metadata *md)
 
 /*
  * The journal of the state read, in memory: read-only opens, and an
- * instance that aborted after appending.
+ * instance that aborted after appending. @verify checks the newest
+ * append's data, if it was written unflushed; NULL: applied as it is.
  */
-static int dd_replay_overlay(struct dd_metadata *md)
+static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify)
 {
 	struct dd_journal_geometry geo;
 	int r;
@@ -644,7 +645,7 @@ static int dd_replay_overlay(struct dd_metadata *md)
 	xa_destroy(&md->overlay);
 	md->overlaid = false;
 	r = dd_journal_replay(md->bm, &geo, dd_apply_overlay, md,
-			      md->cfg.verify, md->cfg.ctx, &md->replayed);
+			      verify, md->cfg.ctx, &md->replayed);
 	if (r) {
 		xa_destroy(&md->overlay);
 		return r;
@@ -724,7 +725,7 @@ static int dd_replay_read_only(struct dd_metadata *md, char **error)
 
 	if (md->journaled || !md->sb.journal_blocks)
 		return 0;
-	r = dd_replay_overlay(md);
+	r = dd_replay_overlay(md, md->cfg.verify);
 	if (r) {
 		*error = "cannot replay the journal (see the lines above); run dedup check";
 		return r;
@@ -2151,6 +2152,12 @@ void dd_md_journal_drop(struct dd_metadata *md, struct dd_journal_batch *b)
 	dd_journal_drop_batch(&md->jnl, b);
 }
 
+void dd_md_journal_data_stable(struct dd_metadata *md)
+{
+	if (md->journaled)
+		dd_journal_data_stable(&md->jnl);
+}
+
 bool dd_md_journal_pending(struct dd_metadata *md)
 {
 	u64 c[DD_JR_NR_COUNTERS];
@@ -2231,9 +2238,15 @@ static void dd_abort(struct dd_metadata *md)
 	md->fingerprint.root = le64_to_cpu(sb->fingerprint_root);
 	dd_load_committed_counters(md);
 	dd_bm_settle(md->bm);
-	/* What flushes made durable since the last commit reads back. */
+	/*
+	 * What flushes made durable since the last commit reads back. The
+	 * newest append needs its data checked only if its flush may not
+	 * have completed: an acknowledged append must not be lost to a
+	 * data device that fails its reads now.
+	 */
 	if (md->journaled && dd_journal_used(&md->jnl) &&
-	    dd_replay_overlay(md))
+	    dd_replay_overlay(md, dd_journal_unchecked(&md->jnl) ?
+			      md->cfg.verify : NULL))
 		DMERR("%s: journal unreadable after the abort: reads show the last commit",
 		      dd_md_name(md));
 }

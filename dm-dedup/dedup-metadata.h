@@ -267,6 +267,11 @@ int dd_md_journal_write(struct dd_metadata *md, struct dd_journal_batch *b);
 /* A batch that must not be written after all (its data flush failed). */
 void dd_md_journal_drop(struct dd_metadata *md, struct dd_journal_batch *b);
 /*
+ * The data flush that the last append went out beside succeeded: its
+ * data need not be checked if this instance falls back after an abort.
+ */
+void dd_md_journal_data_stable(struct dd_metadata *md);
+/*
  * Changes wait for an append (or a commit, if the journal dropped them),
  * or counts moved by changes that left no record.
  */

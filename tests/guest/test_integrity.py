@@ -194,6 +194,40 @@ def test_a_failed_flush_sent_ahead_fails_the_next_append(backing, seed):
     ddlib.dm_remove("ddtfaunder")
 
 
+def test_fallback_keeps_acknowledged_appends_when_data_reads_fail(backing, seed, kmsg_check):
+    """A commit fails (metadata writes fail) while the data device fails
+    too. The fallback shows the last commit with the appends made since.
+    The newest append was written beside its data flush, but that flush
+    completed before the fsync did: nothing about its data is in doubt,
+    so it is not checked against the data device, whose reads fail here
+    and would take every acknowledged append down with it."""
+    meta_raw = backing.loop(16, "meta")
+    data_raw = backing.loop(64, "data")
+    meta, meta_sectors = ddlib.dm_linear("ddtfbmeta", meta_raw)
+    data, data_sectors = ddlib.dm_linear("ddtfbdata", data_raw)
+    dd = ddlib.DedupDev.create("ddtfb", meta, data, 128 * ddlib.MIB // 512,
+                               ["commit_interval", "3600"])
+    blocks = {lba: ddlib.block_data(seed, lba) for lba in range(16)}
+    with ddlib.BlockDev(dd.path) as bd:
+        bd.write_range(0, [blocks[lba] for lba in range(16)])
+        bd.fsync()
+    ddlib.dm_swap_table("ddtfbdata", "0 %d error" % data_sectors)
+    ddlib.dm_swap_table("ddtfbmeta", "0 %d flakey %s 0 0 1 1 error_writes" % (
+        meta_sectors, meta_raw))
+    assert dd.message("commit", check=False).returncode != 0
+    assert dd.status()["mode"] == "ro"
+    lost = [line for line in kmsg_check.lines() if "reads show the last commit" in line]
+    assert not lost, lost
+    ddlib.dm_swap_table("ddtfbdata", "0 %d linear %s 0" % (data_sectors, data_raw))
+    with ddlib.BlockDev(dd.path, readonly=True) as bd:
+        got = bd.read_range(0, 16)
+    assert [lba for lba in range(16) if got[lba] != blocks[lba]] == []
+    dd.remove()
+    ddlib.dm_swap_table("ddtfbmeta", "0 %d linear %s 0" % (meta_sectors, meta_raw))
+    ddlib.dm_remove("ddtfbmeta")
+    ddlib.dm_remove("ddtfbdata")
+
+
 # ---------------------------------------------------------------------------
 # a weak hash with verify tries every candidate (issue 12, review A6)
 # ---------------------------------------------------------------------------
