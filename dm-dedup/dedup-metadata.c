@@ -29,7 +29,10 @@
  * or a new block whose map, refcount and fingerprint entries lie in
  * leaves the running transaction already wrote changes those entries in
  * place (dd_share_in_place, dd_zero_in_place, dd_new_in_place), and may
- * free the block it replaces. Such changes serialize on md->change_lock,
+ * free the block it replaces. A change in a batch that must copy a leaf
+ * takes md->lock exclusive for itself alone and goes back to shared
+ * (downgrade_write), so that the rest of its batch runs beside other
+ * writers. Changes in place serialize on md->change_lock,
  * which also guards the accounting below against them; it nests inside
  * md->lock and outside md->data_lock.
  * md->data_lock guards md->data alone, so that handing out a block for new
@@ -1837,6 +1840,20 @@ int dd_md_map_new(struct dd_metadata *md, u64 lba, u64 pba, const u8 *fp,
 	return dd_md_map_new_run(md, &nb, 1, &done, freed);
 }
 
+/*
+ * The exclusive path of a run of changes, for one change: one whose
+ * leaves are not fresh (-EAGAIN in place) takes the lock exclusive for
+ * itself alone and downgrades it, so that the changes after it, whose
+ * leaves it has just made fresh, go in place beside other writers'
+ * changes instead of holding them all out.
+ */
+static void dd_lock_for_copy(struct dd_metadata *md)
+{
+	lockdep_assert_held_read(&md->lock);
+	up_read(&md->lock);
+	down_write(&md->lock);
+}
+
 int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
 		      unsigned int nr, unsigned int *done,
 		      struct dd_md_freed *freed)
@@ -1847,20 +1864,13 @@ int dd_md_map_new_run(struct dd_metadata *md, const struct dd_md_new *nb,
 	down_read(&md->lock);
 	for (i = 0; i < nr && !r; i++) {
 		r = dd_new_in_place(md, &nb[i], freed);
-		if (r == -EAGAIN) {
-			r = 0;
-			break;
-		}
+		if (r != -EAGAIN)
+			continue;
+		dd_lock_for_copy(md);
+		r = dd_map_new(md, nb[i].lba, nb[i].pba, nb[i].fp, freed);
+		downgrade_write(&md->lock);
 	}
 	up_read(&md->lock);
-	if (i == nr || r) {
-		*done = i;
-		return r;
-	}
-	down_write(&md->lock);
-	for (; i < nr && !r; i++)
-		r = dd_map_new(md, nb[i].lba, nb[i].pba, nb[i].fp, freed);
-	up_write(&md->lock);
 	*done = i;
 	return r;
 }
@@ -1890,31 +1900,19 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 	int r;
 
 	down_read(&md->lock);
-	for (; i < nr; i++) {
-		r = dd_share_in_place(md, &d[i], freed);
-		if (r == -EAGAIN)
-			break;
-		d[i].r = r;
-		if (dd_dup_ends_run(r)) {
-			up_read(&md->lock);
-			*done = i + 1;
-			return;
-		}
-	}
-	up_read(&md->lock);
-	if (i == nr) {
-		*done = i;
-		return;
-	}
-	down_write(&md->lock);
 	while (i < nr) {
-		r = dd_map_duplicate_in_leaf(md, d[i].lba, d[i].leaf, d[i].fp,
-					     &d[i].pba, freed);
+		r = dd_share_in_place(md, &d[i], freed);
+		if (r == -EAGAIN) {
+			dd_lock_for_copy(md);
+			r = dd_map_duplicate_in_leaf(md, d[i].lba, d[i].leaf,
+						     d[i].fp, &d[i].pba, freed);
+			downgrade_write(&md->lock);
+		}
 		d[i++].r = r;
 		if (dd_dup_ends_run(r))
 			break;
 	}
-	up_write(&md->lock);
+	up_read(&md->lock);
 	*done = i;
 }
 

@@ -196,9 +196,10 @@ struct dd_md_new {
 
 /*
  * dd_md_map_new for @nb[0..nr) in order, in one hold of the metadata lock
- * shared and then, from the first whose leaves the running transaction
- * has not written yet, one held exclusive (as dd_md_map_duplicates), up
- * to and including the first entry that frees a block or fails:
+ * shared, but for each entry whose leaves the running transaction has
+ * not written yet, which holds it exclusive for itself alone (as
+ * dd_md_map_duplicates), up to and including the first entry that frees
+ * a block or fails:
  * *done (>= 1) is the number of entries handled, and the result (and
  * *freed) is that of the last of them; the ones before it returned 0.
  */
@@ -228,12 +229,13 @@ struct dd_md_dup {
 
 /*
  * dd_md_map_duplicate for @d[0..nr) in order, in one hold of the metadata
- * lock shared and then, from the first whose leaves the running
- * transaction has not written yet, one held exclusive; with the first
- * live holder of d[i].fp in fingerprint leaf d[i].leaf (-ENOENT: none),
- * up to and including the first entry that frees a block (its *freed) or
- * fails with an error other than a soft miss. *done (>= 1) is the number
- * of entries handled, each with its result in d[i].r.
+ * lock shared, but for each entry whose leaves the running transaction
+ * has not written yet, which holds it exclusive for itself alone; with
+ * the first live holder of d[i].fp in fingerprint leaf d[i].leaf
+ * (-ENOENT: none), up to and including the first entry that frees a
+ * block (its *freed) or fails with an error other than a soft miss.
+ * *done (>= 1) is the number of entries handled, each with its result in
+ * d[i].r.
  */
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			  unsigned int nr, unsigned int *done,
