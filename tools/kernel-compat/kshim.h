@@ -115,6 +115,7 @@ struct rw_semaphore { int unused; };
 #define up_read(s) ((void)(s))
 #define down_write(s) ((void)(s))
 #define up_write(s) ((void)(s))
+#define downgrade_write(s) ((void)(s))
 #define lockdep_assert_held(l) ((void)(l))
 #define lockdep_assert_held_read(l) ((void)(l))
 #define lockdep_assert_held_write(l) ((void)(l))
@@ -134,7 +135,7 @@ typedef struct { int counter; } atomic_t;
 /* One thread: an exchange is a read and a write. */
 #define xchg(p, v) ({ __typeof__(*(p)) __old = *(p); *(p) = (v); __old; })
 #define cmpxchg(p, o, n) ({ __typeof__(*(p)) __old = *(p); \
-			    if (__old == (o)) *(p) = (n); __old; })
+			    *(p) = __old == (o) ? (n) : __old; __old; })
 typedef struct { s64 counter; } atomic64_t;
 #define atomic64_set(a, v) ((a)->counter = (v))
 #define atomic64_read(a) ((a)->counter)
