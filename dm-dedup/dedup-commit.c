@@ -235,21 +235,13 @@ static void dd_blocks_reusable(void *ctx, u64 begin, u64 end)
  * a commit whose data flush began after this saw the write complete.
  * The barrier pairs with the one in dd_commit_flush_data(): either that
  * flush sees this write counted, or this write sees that flush begun and
- * waits for it (dd_data_covered). A write that failed (!@written) left
- * nothing for a flush to cover: it is not counted, so that no flush is
- * sent ahead for it alone, whose failure on a failing device would then
- * fail the next append (dd_flush_ahead).
+ * waits for it (dd_data_covered).
  */
-u64 dd_flush_ticket(struct dedup_c *dc, bool written)
+u64 dd_flush_ticket(struct dedup_c *dc)
 {
-	if (written) {
-		atomic64_inc(&dc->data_writes_done);
-		/* The write's completion is seen before the flush count is read. */
-		smp_mb__after_atomic();
-	} else {
-		/* Pairs as above, for a ticket that nothing relies on. */
-		smp_mb();
-	}
+	atomic64_inc(&dc->data_writes_done);
+	/* The write's completion is seen before the flush count is read. */
+	smp_mb__after_atomic();
 	return READ_ONCE(dc->flush_seq);
 }
 

@@ -492,7 +492,7 @@ static void dd_decide_test_stored_waits_for_flushing_commit(struct kunit *test)
 	KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, tw), DD_STORE);
 	tw->b.run_next = NULL;
 	dc->flush_seq = 1;		/* a commit's data flush began */
-	tw->b.flush_ticket = dd_flush_ticket(dc, true);
+	tw->b.flush_ticket = dd_flush_ticket(dc);
 	KUNIT_EXPECT_FALSE(test, dd_decide_stored(dc, &tw->b, 0));
 	KUNIT_EXPECT_EQ(test, dd_md_lookup(dc->md, 3, &pba, false), -ENODATA);
 	KUNIT_EXPECT_PTR_EQ(test, dc->flush_waiters.next, &tw->b.wait_entry);
@@ -508,7 +508,7 @@ static void dd_decide_test_stored_waits_for_flushing_commit(struct kunit *test)
 	tw = dd_test_new_write(test, dc, 4, 8, &done);
 	KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, tw), DD_STORE);
 	tw->b.run_next = NULL;
-	tw->b.flush_ticket = dd_flush_ticket(dc, true);
+	tw->b.flush_ticket = dd_flush_ticket(dc);
 	KUNIT_EXPECT_TRUE(test, dd_decide_stored(dc, &tw->b, 0));
 	KUNIT_EXPECT_TRUE(test, list_empty(&dc->flush_waiters));
 }
@@ -533,11 +533,11 @@ static void dd_decide_test_stored_runs(struct kunit *test)
 		tw[i] = dd_test_new_write(test, dc, 10 + i, 21 + i, &done);
 		KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, tw[i]), DD_STORE);
 		tw[i]->b.run_next = NULL;
-		tw[i]->b.flush_ticket = dd_flush_ticket(dc, true);
+		tw[i]->b.flush_ticket = dd_flush_ticket(dc);
 		runs[i] = &tw[i]->b;
 	}
 	dc->flush_seq = 1;		/* a commit's data flush began ... */
-	tw[1]->b.flush_ticket = dd_flush_ticket(dc, true);	/* ... before this */
+	tw[1]->b.flush_ticket = dd_flush_ticket(dc);	/* ... before this */
 	tw[2]->b.error = -EIO;		/* and this data write failed */
 
 	KUNIT_EXPECT_EQ(test, dd_decide_stored_runs(dc, runs, 3), 2);

@@ -394,9 +394,16 @@ static void dd_run_endio(struct bio *clone)
 	struct dedup_c *dc = run->w->dc;
 
 	run->error = blk_status_to_errno(clone->bi_status);
+	/*
+	 * A failed write left nothing for a flush to cover, and its run is
+	 * not mapped: no ticket, and not counted, so that no flush is sent
+	 * ahead for it alone, whose failure on a failing device would then
+	 * fail the next append (dd_flush_ahead).
+	 */
 	if (run->error)
 		atomic64_inc(&dc->data_write_errors);
-	run->flush_ticket = dd_flush_ticket(dc, !run->error);
+	else
+		run->flush_ticket = dd_flush_ticket(dc);
 	bio_put(clone);
 	if (llist_add(&run->run_node, &dc->stored))
 		queue_work(dc->wq, &dc->stored_work);

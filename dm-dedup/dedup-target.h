@@ -327,7 +327,7 @@ int dd_commit(struct dedup_c *dc);
 int dd_commit_settled(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
-u64 dd_flush_ticket(struct dedup_c *dc, bool written);
+u64 dd_flush_ticket(struct dedup_c *dc);
 void dd_fua_data_written(struct dedup_c *dc);
 void dd_writes_idle(struct dedup_c *dc);
 int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp);
