@@ -835,8 +835,6 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 	dd_data_copy(&dc->data_pool, bio, pages, nr);
 	w->local = atomic_inc_return(&dc->writes_inflight) == 1 &&
 		   nr <= DD_HASH_CHUNK;
-	if (w->local)
-		atomic64_inc(&dc->writes_alone);
 	INIT_WORK(&w->work, dd_write_turn_work);
 	dd_cell_enter(&dc->cells, &w->cell, lba, lba + nr, dd_write_turn_ready);
 	/* One more than the blocks: the decision's, see dd_decide_and_act. */

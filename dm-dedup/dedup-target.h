@@ -179,7 +179,6 @@ struct dedup_c {
 	mempool_t write_pool;		/* struct dd_write */
 	mempool_t batch_pool;		/* block arrays of multi-block writes */
 	atomic_t writes_inflight;	/* from their map to their end */
-	atomic64_t writes_alone;	/* found no other in flight */
 	atomic64_t data_write_errors;
 	atomic64_t deferred_reads;
 	atomic64_t read_batches;	/* submissions of dc->to_read */

@@ -190,7 +190,6 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("deferred_reads %lld\n", atomic64_read(&dc->deferred_reads));
 	DMEMIT("read_batches %lld\n", atomic64_read(&dc->read_batches));
 	DMEMIT("batched_reads %lld\n", atomic64_read(&dc->batched_reads));
-	DMEMIT("writes_alone %lld\n", atomic64_read(&dc->writes_alone));
 	DMEMIT("early_acks %lld\n", atomic64_read(&dc->early_acks));
 	DMEMIT("early_acked_blocks_in_flight %u\n", READ_ONCE(dc->acked_blocks));
 	DMEMIT("ordered_waits %llu\n", READ_ONCE(dc->cells.waits));
@@ -668,7 +667,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 9, 0},
+	.version = {1, 8, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -145,52 +145,6 @@ def test_large_fua_write_commits(make_dedup, seed):
     assert st["mapped"] == 129, st
 
 
-def test_a_write_alone_stays_on_its_cpu(make_dedup, seed):
-    """A write of up to eight blocks that finds no other write in flight is
-    hashed, decided and mapped on the CPU it came from, which the stats
-    message counts (writes_alone): every one of a writer's writes one at a
-    time, a FUA one and one repeating stored data too, but not a write of
-    nine blocks, and not most writes of fio at iodepth 32. Every block
-    reads what was last written to it (fio checks its own), and the
-    durable point moves at the FUA write."""
-    dd = make_dedup(opts=["commit_interval", "3600"])
-
-    def alone():
-        return int(dd.stats()["writes_alone"])
-
-    expect = {}
-    a0 = alone()
-    with BlockDev(dd.path) as bd:
-        for i in range(64):
-            expect[i] = block_data(seed, i % 48)  # the last 16 are duplicates
-            bd.write(i, expect[i])
-        assert alone() == a0 + 64
-        p0 = ddlib.durable_point(dd.status())
-        blocks = contents(seed, range(100, 108))
-        bd.write_range(64, blocks, os.RWF_DSYNC)
-        expect.update(zip(range(64, 72), blocks))
-        assert ddlib.durable_point(dd.status()) > p0
-        assert alone() == a0 + 65
-        blocks = contents(seed, range(200, 209))
-        bd.write_range(72, blocks)
-        expect.update(zip(range(72, 81), blocks))
-        assert alone() == a0 + 65, "a nine-block write went alone"
-
-    # fio at iodepth 32 over blocks 100 to 739 (it reads them back and
-    # checks them): its writes nearly always find others in flight.
-    a1 = alone()
-    p = run(["fio", "--name=together", "--filename=" + dd.path, "--direct=1",
-             "--ioengine=libaio", "--iodepth=32", "--rw=randwrite", "--bs=4k",
-             "--offset=%d" % (100 * 4096), "--size=%d" % (640 * 4096),
-             "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"],
-            check=False, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    went_alone = alone() - a1
-    assert went_alone < 640 // 2, \
-        "%d of 640 writes at iodepth 32 went alone" % went_alone
-    verify_blocks(dd.path, expect)
-
-
 def test_large_reads_follow_runs(make_dedup, seed):
     """Reads of up to 1 MiB over blocks mapped to one physical run, blocks
     rewritten elsewhere, zero-written, discarded and never written: the
