@@ -388,22 +388,6 @@ static void dd_run_done_work(struct work_struct *work)
 		dd_run_finish(dc, b);
 }
 
-/*
- * The run of a write alone in flight (dd_write_start) is mapped on its
- * own, on the CPU its data write completed on, usually the one it came
- * from. A FUA write's data flush starts first, as in dd_stored_work().
- * If the run waits for a commit, the commit queues this again: the flush
- * ahead then finds its data flushed or on its way and sends nothing.
- */
-static void dd_run_alone_work(struct work_struct *work)
-{
-	struct dd_write_block *b = container_of(work, struct dd_write_block, work);
-
-	if (b->w->fua)
-		dd_fua_data_written(b->w->dc);
-	dd_run_done_work(work);
-}
-
 static void dd_run_endio(struct bio *clone)
 {
 	struct dd_write_block *run = clone->bi_private;
@@ -421,9 +405,7 @@ static void dd_run_endio(struct bio *clone)
 	else
 		run->flush_ticket = dd_flush_ticket(dc);
 	bio_put(clone);
-	if (run->w->local)
-		queue_work(dc->local_wq, &run->work);
-	else if (llist_add(&run->run_node, &dc->stored))
+	if (llist_add(&run->run_node, &dc->stored))
 		queue_work(dc->wq, &dc->stored_work);
 }
 
@@ -455,7 +437,7 @@ static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run)
 	for (b = run; b; b = b->run_next)
 		__bio_add_page(clone, b->data, DD_BLOCK_SIZE, 0);
 	run->error = 0;
-	INIT_WORK(&run->work, w->local ? dd_run_alone_work : dd_run_done_work);
+	INIT_WORK(&run->work, dd_run_done_work);
 	clone->bi_end_io = dd_run_endio;
 	clone->bi_private = run;
 	submit_bio_noacct(clone);
@@ -793,15 +775,6 @@ static void dd_hash_work(struct work_struct *work)
  * submitter's context: a writer that finds no page free waits here, and
  * a dedup-io worker never waits for one while completions queue behind
  * it. Hashing and the decision run on the workqueue.
- *
- * A write of one chunk that finds no other write in flight (a writer at
- * queue depth 1, a database's log before its fsync) stays on this CPU:
- * hashed and decided by a worker bound to it, its data bio completes on
- * it (blk-mq completes on the submitting CPU's queue), and its run is
- * mapped there, so that no step wakes the other CPU, which costs more
- * than the step (dedup's unbound worker woke an idle CPU for each, under
- * TCG 100 to 200 us a time). Under load the unbound workqueue spreads
- * the work over every CPU, as the hashing of a large write needs.
  */
 static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 {
@@ -833,8 +806,7 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 		pages = (struct page **)(w->blk + nr);
 	}
 	dd_data_copy(&dc->data_pool, bio, pages, nr);
-	w->local = atomic_inc_return(&dc->writes_inflight) == 1 &&
-		   nr <= DD_HASH_CHUNK;
+	atomic_inc(&dc->writes_inflight);
 	INIT_WORK(&w->work, dd_write_turn_work);
 	dd_cell_enter(&dc->cells, &w->cell, lba, lba + nr, dd_write_turn_ready);
 	/* One more than the blocks: the decision's, see dd_decide_and_act. */
@@ -851,7 +823,7 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 	}
 	for (i = 0; i < nr; i += DD_HASH_CHUNK) {
 		INIT_WORK(&w->blk[i].work, dd_hash_work);
-		queue_work(w->local ? dc->local_wq : dc->wq, &w->blk[i].work);
+		queue_work(dc->wq, &w->blk[i].work);
 	}
 }
 

@@ -94,11 +94,6 @@ struct dedup_c {
 	struct dd_data_pool data_pool;
 	struct bio_set bs;
 	struct workqueue_struct *wq;
-	/*
-	 * Bound to a CPU: a write alone in flight is hashed and mapped on
-	 * the CPU it came from (dedup-io.c, dd_write_start).
-	 */
-	struct workqueue_struct *local_wq;
 	u64 logical_blocks;
 	u64 data_blocks;
 	unsigned int commit_interval;
@@ -263,7 +258,6 @@ struct dd_write {
 	int error;			/* the first block's error that failed */
 	bool fua;			/* durable when it completes */
 	bool pooled;			/* blk came from dc->batch_pool */
-	bool local;			/* its work runs on dc->local_wq */
 	struct dd_write_block one;	/* a one-block write needs no batch */
 	struct page *one_page;
 };

@@ -351,8 +351,6 @@ static void dd_destroy(struct dedup_c *dc)
 {
 	if (dc->commit_wq)
 		destroy_workqueue(dc->commit_wq);
-	if (dc->local_wq)
-		destroy_workqueue(dc->local_wq);
 	if (dc->wq)
 		destroy_workqueue(dc->wq);
 	if (dc->md)
@@ -583,9 +581,8 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (r)
 		goto bad;
 	dc->wq = alloc_workqueue("dedup-io", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
-	dc->local_wq = alloc_workqueue("dedup-local", WQ_MEM_RECLAIM, 0);
 	dc->commit_wq = alloc_ordered_workqueue("dedup-commit", WQ_MEM_RECLAIM);
-	if (!dc->wq || !dc->local_wq || !dc->commit_wq) {
+	if (!dc->wq || !dc->commit_wq) {
 		ti->error = "Cannot allocate workqueues";
 		r = -ENOMEM;
 		goto bad;
