@@ -216,7 +216,7 @@ struct dd_write_block {
 	u8 fp[DD_FP_SIZE];
 	unsigned int flags;
 	int error;			/* what became of it, once DD_DONE */
-	u64 flush_ticket;		/* a run's data completed: dd_flush_ticket */
+	u64 flush_ticket;		/* its run written without error: dd_flush_ticket */
 	struct hlist_node inflight_node;	/* under dc->index_lock */
 	struct list_head waiters;	/* same content, waiting for us */
 	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
