@@ -135,10 +135,11 @@ struct dedup_c {
 	 * What the data flushes covered, and the one sent before a flush
 	 * request needs it (dd_flush_ahead)
 	 */
-	spinlock_t flush_lock;		/* protects the six below */
+	spinlock_t flush_lock;		/* protects the seven below */
 	/* the newest data_writes_done a flush that succeeded was sent at */
 	u64 data_writes_flushed;
 	bool ahead_armed;		/* by the last flush request */
+	bool append_armed;		/* ... for an append too */
 	unsigned int ahead_idles;	/* dd_writes_idle() since that request */
 	bool ahead_inflight;		/* ahead_bio is on its way */
 	u64 ahead_count;		/* data_writes_done when it was sent */
@@ -146,6 +147,7 @@ struct dedup_c {
 	struct bio ahead_bio;
 	wait_queue_head_t ahead_wait;	/* ahead_inflight went false */
 	atomic64_t data_flushes_ahead;
+	atomic64_t appends_ahead;	/* appends dd_writes_idle() began */
 
 	/* dedup-decide.c (the stats message reads the index's counts racily) */
 	spinlock_t index_lock;		/* protects the three below */

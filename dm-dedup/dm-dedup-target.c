@@ -161,6 +161,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("data_flushes_skipped %llu\n", skipped);
 	DMEMIT("data_flushes_ahead %llu\n",
 	       (u64)atomic64_read(&dc->data_flushes_ahead));
+	DMEMIT("appends_ahead %llu\n",
+	       (u64)atomic64_read(&dc->appends_ahead));
 	/* Percentages in hundredths, to stay in integer arithmetic. */
 	DMEMIT("dedup_ratio_x100 %llu\n",
 	       st.data_live ? div64_u64(st.mapped * 100, st.data_live) : 100);
@@ -664,7 +666,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 8, 0},
+	.version = {1, 9, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

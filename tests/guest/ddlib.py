@@ -269,6 +269,22 @@ def parse_status(line):
     return st
 
 
+def wait_for_append_ahead(dev, before):
+    """An append sent ahead (Documentation/dm-dedup.rst, "The journal")
+    runs on its own: wait until it is written and the data flush it relied
+    on is done (counted as skipped once the append has waited for the one
+    sent ahead, or found nothing to flush), so that later writes go to the
+    next append. @before: the stats before the write. Returns the stats."""
+    deadline = time.time() + 30
+    while True:
+        st = dev.stats()
+        if int(st["journal_appends"]) > int(before["journal_appends"]) and \
+                int(st["data_flushes_skipped"]) > int(before["data_flushes_skipped"]):
+            return st
+        assert time.time() < deadline, "no append ahead within 30 s: %s" % st
+        time.sleep(0.1)
+
+
 def durable_point(st):
     """Where durability stands, from a status dict: (transaction_id, journal
     blocks appended since that commit). A flush moves it forward: an append

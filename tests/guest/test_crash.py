@@ -134,9 +134,12 @@ def test_power_cut_nullblk(backing, seed):
 
 def _append_whose_data_flush_is_lost(rig, seed):
     """Eight blocks made durable by an fsync, then three writes (two new
-    blocks and a duplicate) whose fsync's append reaches the metadata disk
-    while its data flush is lost; the second new block was not flushed
-    ahead. Both disks are cut at the end. Returns (old, new) contents."""
+    blocks and a duplicate). The fsync came right after a write, so the
+    first of them has its data flushed and its records appended ahead,
+    and is durable once that append is done. The other two go to the
+    next fsync's append, which reaches the metadata disk while its data
+    flush is lost. Both disks are cut at the end. Returns the contents as
+    of the append ahead, and the new ones."""
     dev = rig.dev
     dev.activate()
     old = [block_data(seed, i) for i in range(8)]
@@ -145,19 +148,28 @@ def _append_whose_data_flush_is_lost(rig, seed):
     with BlockDev(dev.path) as bd:
         bd.write_range(0, old)
         bd.fsync()
+        before = dev.stats()
+        ahead = int(before["appends_ahead"])
         # The fsync came right after a write: the next write's data is
-        # flushed ahead when it completes, but the one after that's is not.
+        # flushed and its records appended ahead when it completes, but
+        # the one after that's are not.
         bd.write(0, new[0])
-        ahead = int(dev.stats()["data_flushes_ahead"])
+        st = ddlib.wait_for_append_ahead(dev, before)
+        flushed = int(st["data_flushes_ahead"])
+        assert int(st["appends_ahead"]) == ahead + 1, st
         bd.write(1, new[1])
         bd.write(2, new[2])             # a duplicate, in the same append
-        assert int(dev.stats()["data_flushes_ahead"]) == ahead, \
+        st = dev.stats()
+        assert (int(st["data_flushes_ahead"]), int(st["appends_ahead"])) == \
+            (flushed, ahead + 1), \
             "the second write's data was flushed ahead: nothing would be lost"
     rig.cut("d")
     with BlockDev(dev.path) as bd:
         bd.fsync()                      # the append; its data flush is lost
     rig.cut()
-    return old, new
+    durable = list(old)
+    durable[0] = new[0]
+    return durable, new
 
 
 def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
@@ -166,10 +178,11 @@ def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
     metadata disk and the flush never on the data disk: activation finds
     a block the append made live without its data, and drops the append,
     which was never acknowledged. Every block reads its content as of the
-    fsync before, never the lost data or another block's."""
+    append before (sent ahead of that fsync), never the lost data or
+    another block's."""
     rig = PowerRig(backing)
     dev = rig.dev
-    old, _ = _append_whose_data_flush_is_lost(rig, seed)
+    durable, _ = _append_whose_data_flush_is_lost(rig, seed)
     rig.power_cycle()
     dropped = [line for line in kmsg_check.lines()
                if "last append" in line and "dropped" in line]
@@ -177,15 +190,15 @@ def test_append_whose_data_flush_was_cut_is_dropped(backing, seed, kmsg_check):
     assert int(dev.stats()["journal_blocks_dropped"]) == 1, dev.stats()
     with BlockDev(dev.path) as bd:
         got = bd.read_range(0, 8)
-    bad = [lba for lba in range(8) if got[lba] != old[lba]]
-    assert not bad, "blocks not as of the last completed fsync: %s" % bad
+    bad = [lba for lba in range(8) if got[lba] != durable[lba]]
+    assert not bad, "blocks not as of the append before: %s" % bad
     st = dev.status()
     assert st["mapped"] == 8 and st["mode"] == "rw", st
     # Dropped for good: the next activation replays nothing of it.
     dev.remove()
     dev.activate()
     with BlockDev(dev.path) as bd:
-        assert bd.read_range(0, 8) == old
+        assert bd.read_range(0, 8) == durable
 
 
 def test_append_checked_in_the_data_cache_is_flushed_first(backing, seed, kmsg_check):

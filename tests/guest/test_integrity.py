@@ -106,14 +106,20 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
     dd = ddlib.DedupDev.create("ddtint", meta, data, logical, opts)
     failed = {lba: ddlib.block_data(seed, lba) for lba in (98, 99)}
     with ddlib.BlockDev(dd.path) as bd:
-        # One write, then the fsync: the fsync arms the flush sent ahead
-        # (it came right after the device went idle).
+        # One write, then the fsync: the fsync arms the flush and the
+        # append sent ahead (it came right after the device went idle).
         bd.write_range(0, [ddlib.block_data(seed, lba) for lba in range(16)])
         bd.fsync()
+        before = dd.stats()
         # Duplicates change only metadata: no data write can fail first.
+        # The first one's record is appended ahead, alone, and stays.
         for lba in range(16):
             bd.write(100 + lba, ddlib.block_data(seed, lba))
-            failed[100 + lba] = ddlib.block_data(seed, lba)
+            if lba:
+                failed[100 + lba] = ddlib.block_data(seed, lba)
+            else:
+                st = ddlib.wait_for_append_ahead(dd, before)
+                assert int(st["appends_ahead"]) == 1, st
         assert dd.status()["duplicate_writes"] == 16
         # New blocks, written before the data device fails: the flush must
         # cover them (after duplicates alone none would be sent). The first
@@ -129,6 +135,7 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
         assert st["mode"] == "ro", st["raw"]
         for lba in range(16):
             assert bd.read(lba) == ddlib.block_data(seed, lba), "committed lba %d" % lba
+        assert bd.read(100) == ddlib.block_data(seed, 0), "appended ahead"
         shown = {lba: bd.read(lba) for lba in failed}
     kept = shown == failed
     assert kept or all(c == ddlib.ZERO for c in shown.values()), \
@@ -145,7 +152,7 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
     ddlib.dm_swap_table("ddtidata", "0 %d linear %s 0" % (sectors, data_raw))
     dd.activate()
     st = dd.status()
-    assert st["mode"] == "rw" and st["mapped"] == 16 + (len(failed) if kept else 0), st["raw"]
+    assert st["mode"] == "rw" and st["mapped"] == 17 + (len(failed) if kept else 0), st["raw"]
     with ddlib.BlockDev(dd.path) as bd:
         assert {lba: bd.read(lba) for lba in failed} == shown, \
             "the next activation reads otherwise than the fallback did"

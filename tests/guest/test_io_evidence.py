@@ -211,9 +211,10 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
     right after the device went idle arms a flush sent ahead: the next
     write that leaves the device idle gets the data device flushed before
     its completion brings the next request, which then sends no data
-    flush of its own. Once per request, so a second write before the next
-    request gets none; and a request after two idle moments does not arm
-    it."""
+    flush of its own, and its records appended with it (one append per
+    write and fsync, as before). Once per request, so a second write
+    before the next request gets none; and a request after two idle
+    moments does not arm it."""
     dev = lv_dedup(make_dedup)
     with BlockDev(dev.path) as b:
         b.write_range(0, [block_data(seed, i) for i in range(16)])
@@ -221,6 +222,8 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
         ahead0 = stat(dev, "data_flushes_ahead")
         sent0 = stat(dev, "data_flushes")
         skipped0 = stat(dev, "data_flushes_skipped")
+        appends0 = stat(dev, "journal_appends")
+        appended0 = stat(dev, "appends_ahead")
         with trace(dev, top=True) as t:
             b.write(100, block_data(seed, 100))
             b.fsync()
@@ -232,6 +235,8 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
         assert_append(t, data_written=data[:1])
         assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes"),
                 stat(dev, "data_flushes_skipped")) == (ahead0 + 1, sent0, skipped0 + 1)
+        assert (stat(dev, "appends_ahead"), stat(dev, "journal_appends")) == \
+            (appended0 + 1, appends0 + 1)
         # Two writes, then the request: the first disarms it, so the
         # second's data needs the append's own flush.
         with trace(dev) as t:
@@ -239,8 +244,8 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
             b.write(102, block_data(seed, 102))
             b.fsync()
         assert_writes_and_flushes(t, "two writes and an fsync", times=2)
-        assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
-            (ahead0 + 2, sent0 + 1)
+        assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes"),
+                stat(dev, "appends_ahead")) == (ahead0 + 2, sent0 + 1, appended0 + 2)
         # That request came after two idle moments: the next write gets no
         # flush ahead (it would not have covered the second write above);
         # its request, after one, arms it again.
@@ -249,11 +254,12 @@ def test_a_flush_request_arms_one_data_flush_sent_ahead(make_dedup, seed):
                 b.write(lba, block_data(seed, lba))
                 b.fsync()
             assert_writes_and_flushes(t, "one write and an fsync to lba %d" % lba)
-            assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes")) == \
-                (ahead0 + ahead, sent0 + sent), "write to lba %d" % lba
+            assert (stat(dev, "data_flushes_ahead"), stat(dev, "data_flushes"),
+                    stat(dev, "appends_ahead")) == \
+                (ahead0 + ahead, sent0 + sent, appended0 + ahead), "write to lba %d" % lba
         assert b.read_range(100, 5) == [block_data(seed, 100 + i) for i in range(5)]
-    ddlib.report("a write and an fsync after an fsync: the data flush went out "
-                 "ahead of the request; two writes: one ahead, one by the append; "
+    ddlib.report("a write and an fsync after an fsync: the data flush and the append "
+                 "went out ahead of the request; two writes: one ahead, one by the append; "
                  "after that, none ahead until a request follows one idle moment")
 
 

@@ -461,6 +461,10 @@ def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
     assert journal <= 256 and written > 2 * journal, \
         "the journal (%d blocks) did not wrap twice: %d blocks written" % (journal, written)
     assert int(stats["checkpoints"]) >= 3, stats
+    # Each fsync follows one write: most appends begin when that write
+    # completes, ahead of the fsync, so the crash points cover them.
+    ahead = int(stats["appends_ahead"])
+    assert ahead > DB_FSYNCS // 2, stats
     log = rig.finish()
     points = log.crash_points()
     img = CrashImage(backing, rig, log)
@@ -481,8 +485,10 @@ def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
     assert examined >= DB_POINTS * 2 // 3, "only %d crash points examined" % examined
     ddlib.METADATA_CHECKS += img.checked
     ddlib.report("log-writes small fsyncs: journal of %d blocks, %d written (%.1f rings), "
+                 "%d of %s appends begun ahead of their fsync, "
                  "%s checkpoints; %s (%d read-only, %d read-write activations), 0 failures" % (
-                     journal, written, written / journal, stats["checkpoints"],
+                     journal, written, written / journal, ahead, stats["journal_appends"],
+                     stats["checkpoints"],
                      img.summary(chosen), img.ro_points, img.rw_points))
 
 

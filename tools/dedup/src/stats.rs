@@ -386,8 +386,9 @@ pub fn render(s: &Stats) -> String {
 /// format version 2): the blocks used since the last commit and the ring's
 /// size (0: version 1, no journal), appends and blocks written,
 /// the blocks replayed at activation and those of an unflushed append
-/// dropped then (target 1.8.0), and commits (checkpoints).
-const JOURNAL_KEYS: [&str; 7] = [
+/// dropped then (target 1.8.0), commits (checkpoints), and the appends
+/// begun ahead of a flush request (1.9.0).
+const JOURNAL_KEYS: [&str; 8] = [
     "journal_blocks_total",
     "journal_blocks_used",
     "journal_appends",
@@ -395,11 +396,12 @@ const JOURNAL_KEYS: [&str; 7] = [
     "journal_blocks_replayed",
     "journal_blocks_dropped",
     "checkpoints",
+    "appends_ahead",
 ];
 
 /// The journal row: "12 of 2048 blocks used since the last commit; 40
-/// appends (52 blocks written), 3 checkpoints; 0 blocks replayed at
-/// activation", from what the status and the message have.
+/// appends, 30 of them ahead (52 blocks written), 3 checkpoints; 0 blocks
+/// replayed at activation", from what the status and the message have.
 fn journal_row(s: &Stats) -> Option<String> {
     let c = &s.counters;
     let get = |k: &str| c.get(k).and_then(|v| v.as_u64());
@@ -417,9 +419,17 @@ fn journal_row(s: &Stats) -> Option<String> {
     }
     let mut activity = Vec::new();
     if let Some(a) = get("journal_appends") {
+        let ahead = match get("appends_ahead") {
+            Some(n) => format!(", {n} of them ahead"),
+            None => String::new(),
+        };
         activity.push(match get("journal_blocks_written") {
-            Some(w) => format!("{} ({} written)", plural(a, "append"), plural(w, "block")),
-            None => plural(a, "append"),
+            Some(w) => format!(
+                "{}{ahead} ({} written)",
+                plural(a, "append"),
+                plural(w, "block")
+            ),
+            None => format!("{}{ahead}", plural(a, "append")),
         });
     } else if let Some(w) = get("journal_blocks_written") {
         activity.push(format!("{} written", plural(w, "block")));
@@ -622,6 +632,14 @@ hash sha256
             "{text}"
         );
         assert!(!text.contains("journal blocks dropped"), "{text}");
+        // 1.9.0 counts the appends begun ahead of a flush request.
+        let ahead = parse_message(&format!("{with}appends_ahead 30\n")).unwrap();
+        let text = render(&combine("vol", st, Some(&ahead)));
+        assert!(
+            text.contains("; 40 appends, 30 of them ahead (52 blocks written), 3 checkpoints;"),
+            "{text}"
+        );
+        assert!(!text.contains("appends ahead"), "{text}");
         let v1 = parse_message(&format!(
             "{MESSAGE}journal_blocks_used 0\njournal_blocks_total 0\ncheckpoints 9\n"
         ))
