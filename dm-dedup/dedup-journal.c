@@ -297,12 +297,23 @@ bool dd_journal_unchecked(struct dd_journal *j)
 	return r;
 }
 
+/*
+ * The epoch of the next checkpoint's superblock: where the next append
+ * will go, and never the epoch of the superblock before it, even when
+ * nothing was appended in between. Two superblocks with one epoch would
+ * let the older slot, used when the newer is damaged, replay appends
+ * made on top of the newer state, which it does not hold
+ * (Documentation/dedup-format.rst, "Epochs and stale blocks"). The
+ * appends then start at the new epoch (dd_journal_checkpointed).
+ */
 u64 dd_journal_next_epoch(struct dd_journal *j)
 {
 	u64 seq;
 
 	mutex_lock(&j->lock);
 	seq = j->next_seq;
+	if (j->epoch_written && seq <= j->geo.epoch)
+		seq = j->geo.epoch + 1;
 	mutex_unlock(&j->lock);
 	return seq;
 }
@@ -319,6 +330,7 @@ void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed)
 	j->geo.unflushed = unflushed;
 	j->unchecked = false;
 	j->next_seq = max(j->next_seq, epoch);
+	j->epoch_written = true;
 	j->overflow = false;
 	dd_journal_clear(j);
 	mutex_unlock(&j->lock);

@@ -43,6 +43,7 @@ struct dd_journal {
 	struct mutex lock;	/* everything below */
 	struct dd_journal_geometry geo;	/* geo.epoch: the running epoch */
 	u64 next_seq;		/* where the next append starts */
+	bool epoch_written;	/* a superblock of this instance has geo.epoch */
 	struct page **pending;	/* blocks of records not appended yet */
 	unsigned int nr_pending;
 	unsigned int max_pending;

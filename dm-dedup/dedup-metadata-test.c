@@ -2148,6 +2148,55 @@ static void dd_md_test_journal_counts_only(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 2);
 }
 
+/* The superblock's journal_seq: its epoch (dedup-format.rst). */
+#define DD_TEST_SB_EPOCH	224
+
+/*
+ * Two checkpoints with nothing appended between them still start two
+ * epochs. With the newer slot damaged, the older one is used, and an
+ * append made after the newer checkpoint is not replayed onto it: the
+ * older state lacks what that checkpoint added (here the block the
+ * append shares, which would be left mapped with no owner of its own).
+ */
+static void dd_md_test_journal_epochs(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	u64 pba0, pba1, older, newer, epoch;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	pba0 = dd_test_write(test, md, 0, 10);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	older = dd_test_sb_slot(test, bdev, raw);
+	epoch = get_unaligned_le64(raw + DD_TEST_SB_EPOCH);
+	pba1 = dd_test_write(test, md, 1, 11);	/* committed, never appended */
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	newer = dd_test_sb_slot(test, bdev, raw);
+	KUNIT_EXPECT_NE(test, newer, older);
+	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + DD_TEST_SB_EPOCH),
+			epoch + 1);
+	dd_test_share(test, md, 2, pba1);
+	dd_test_append(test, md);
+	dd_test_md_close(test, md);		/* a crash */
+
+	cfg->read_only = true;
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 2, pba1);	/* the newer state and its append */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 1);
+	dd_test_md_close(test, md);
+
+	dd_test_flip_bit(test, bdev, newer, 150, 3);
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 0, pba0);
+	dd_test_expect_unmapped(test, md, 1);
+	dd_test_expect_unmapped(test, md, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1);
+	dd_test_md_close(test, md);
+}
+
 /*
  * A crash after two appends and a change never appended: the next open
  * replays the appends onto the last commit and checkpoints the result;
@@ -2475,6 +2524,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_short_fingerprint),
 	KUNIT_CASE(dd_md_test_zero_fingerprint),
 	KUNIT_CASE(dd_md_test_superblock_fallback),
+	KUNIT_CASE(dd_md_test_journal_epochs),
 	KUNIT_CASE(dd_md_test_txn_limit),
 	KUNIT_CASE(dd_md_test_damaged_tree),
 	KUNIT_CASE(dd_md_test_map_beyond_data),
