@@ -106,14 +106,20 @@ def test_duplicate_writes_send_nothing_to_the_data_device(make_dedup, seed):
     dev = lv_dedup(make_dedup)
     blocks = [block_data(seed, i) for i in range(64)]
     with BlockDev(dev.path) as b:
-        b.write_range(0, blocks)
+        # Two writes, then the fsync: it came after two idle moments, so
+        # the writes below get no append begun ahead of a flush request
+        # (Documentation/dm-dedup.rst, "The journal").
+        b.write_range(0, blocks[:32])
+        b.write_range(32, blocks[32:])
         b.fsync()
         dup0 = stat(dev, "duplicate_writes")
+        ahead0 = stat(dev, "appends_ahead")
         with trace(dev) as t:
             b.write_range(1000, blocks)                  # one 256 KiB write
             for i in range(0, 64, 2):                    # and 32 of 4 KiB
                 b.write(2000 + i, blocks[i])
         assert stat(dev, "duplicate_writes") - dup0 == 96
+        assert stat(dev, "appends_ahead") == ahead0
         data, meta = t.summary("data"), t.summary("meta")
         assert data == dict(data, writes=0, reads=0, flushes=0, discards=0), \
             "data device while duplicates were written:\n" + describe(t, "data")
