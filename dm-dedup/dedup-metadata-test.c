@@ -2148,9 +2148,6 @@ static void dd_md_test_journal_counts_only(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba), 2);
 }
 
-/* The superblock's journal_seq: its epoch (dedup-format.rst). */
-#define DD_TEST_SB_EPOCH	224
-
 /*
  * Two checkpoints with nothing appended between them still start two
  * epochs. With the newer slot damaged, the older one is used, and an
@@ -2164,19 +2161,19 @@ static void dd_md_test_journal_epochs(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const struct dd_superblock *sb = (const void *)raw;
 	u64 pba0, pba1, older, newer, epoch;
 
 	KUNIT_ASSERT_NOT_NULL(test, raw);
 	pba0 = dd_test_write(test, md, 0, 10);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	older = dd_test_sb_slot(test, bdev, raw);
-	epoch = get_unaligned_le64(raw + DD_TEST_SB_EPOCH);
+	epoch = le64_to_cpu(sb->journal_seq);
 	pba1 = dd_test_write(test, md, 1, 11);	/* committed, never appended */
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	newer = dd_test_sb_slot(test, bdev, raw);
 	KUNIT_EXPECT_NE(test, newer, older);
-	KUNIT_EXPECT_EQ(test, get_unaligned_le64(raw + DD_TEST_SB_EPOCH),
-			epoch + 1);
+	KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->journal_seq), epoch + 1);
 	dd_test_share(test, md, 2, pba1);
 	dd_test_append(test, md);
 	dd_test_md_close(test, md);		/* a crash */
