@@ -184,7 +184,17 @@ void dd_read_untrack(struct dedup_c *dc, struct dd_io *io)
 /* ------------------------------------------------------------------ */
 /* commits */
 
-void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
+/*
+ * A write or discard completes (before its bio does): a flush request
+ * that comes after it needs its change, so it may no longer join an
+ * append whose records were taken before (dd_flush_request).
+ */
+void dd_change_acked(struct dedup_c *dc)
+{
+	atomic64_inc(&dc->changes_acked);
+}
+
+static void dd_defer(struct dedup_c *dc, struct bio *bio, bool flush)
 {
 	spin_lock_irq(&dc->flush_lock);
 	/* See dd_writes_idle(). */
@@ -193,9 +203,36 @@ void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
 	dc->ahead_idles = 0;
 	spin_unlock_irq(&dc->flush_lock);
 	spin_lock_irq(&dc->commit_lock);
+	/*
+	 * Every change acknowledged before this request is in the records
+	 * of the append on its way, which took them with no change
+	 * acknowledged since: the request needs that append and nothing
+	 * more, and completes with it, rather than wait for it and then
+	 * find nothing to append. Not with early_ack, which acknowledges
+	 * writes before their change is made.
+	 */
+	if (flush && !dc->early_ack && dc->join_open &&
+	    atomic64_read(&dc->changes_acked) == dc->joined_acked) {
+		bio_list_add(&dc->joined, bio);
+		spin_unlock_irq(&dc->commit_lock);
+		atomic64_inc(&dc->appends_joined);
+		return;
+	}
 	bio_list_add(&dc->commit_waiters, bio);
 	spin_unlock_irq(&dc->commit_lock);
 	queue_work(dc->commit_wq, &dc->commit_work);
+}
+
+/* A FUA write, written and mapped. */
+void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio)
+{
+	dd_defer(dc, bio, false);
+}
+
+/* A flush request (an empty REQ_PREFLUSH bio). */
+void dd_flush_request(struct dedup_c *dc, struct bio *bio)
+{
+	dd_defer(dc, bio, true);
 }
 
 /*
@@ -647,6 +684,43 @@ int dd_commit(struct dedup_c *dc)
 }
 
 /*
+ * The append's records are taken: from now until it is done, a flush
+ * request that comes with no change acknowledged since joins it. Under
+ * the transaction lock held exclusive, so that every change whose
+ * completion the count below includes is in the records.
+ */
+static void dd_join_open(struct dedup_c *dc)
+{
+	lockdep_assert_held_write(&dc->lock);
+	spin_lock_irq(&dc->commit_lock);
+	dc->join_open = true;
+	dc->joined_acked = atomic64_read(&dc->changes_acked);
+	spin_unlock_irq(&dc->commit_lock);
+}
+
+/*
+ * The append is durable with its data (@r 0), or failed: so did they.
+ * Did any join it?
+ */
+static bool dd_join_close(struct dedup_c *dc, int r)
+{
+	struct bio_list joined;
+	struct bio *bio;
+	bool any;
+
+	lockdep_assert_held(&dc->commit_mutex);
+	spin_lock_irq(&dc->commit_lock);
+	dc->join_open = false;
+	joined = dc->joined;
+	bio_list_init(&dc->joined);
+	spin_unlock_irq(&dc->commit_lock);
+	any = !bio_list_empty(&joined);
+	while ((bio = bio_list_pop(&joined)))
+		dd_endio(bio, r ? BLK_STS_IOERR : BLK_STS_OK);
+	return any;
+}
+
+/*
  * What a flush or FUA write needs: the changes made so far durable. With
  * a journal that is one append, written with no lock that writers need;
  * without one, or when the journal cannot take it, a commit.
@@ -657,7 +731,7 @@ int dd_commit(struct dedup_c *dc)
  * append"). Only the newest append can be such: the flush request
  * completes, and the next append begins, once both are done.
  */
-static int dd_flush(struct dedup_c *dc)
+static int dd_flush(struct dedup_c *dc, bool *joined)
 {
 	struct dd_journal_batch batch;
 	struct dd_data_flush f;
@@ -665,6 +739,7 @@ static int dd_flush(struct dedup_c *dc)
 	LIST_HEAD(covered);
 	int r, fr = 0;
 
+	*joined = false;
 	mutex_lock(&dc->commit_mutex);
 	r = dd_commit_needed(dc, &dirty);
 	if (r || !dirty)
@@ -688,6 +763,8 @@ static int dd_flush(struct dedup_c *dc)
 		r = dd_md_journal_take(dc->md, &batch);
 	/* Runs this flush may not cover go to the next batch. */
 	dd_data_flushed(dc, &covered);
+	if (!r)
+		dd_join_open(dc);
 	up_write(&dc->lock);
 	dd_map_covered(dc, &covered);
 
@@ -721,6 +798,7 @@ static int dd_flush(struct dedup_c *dc)
 	} else if (r == -ENOSPC) {
 		r = dd_commit_locked(dc);
 	}
+	*joined = dd_join_close(dc, r);
 out:
 	mutex_unlock(&dc->commit_mutex);
 	return r;
@@ -790,7 +868,7 @@ static void dd_commit_work(struct work_struct *w)
 	struct bio_list bios;
 	struct bio *bio;
 	LIST_HEAD(retry);
-	bool checkpoint, waiters;
+	bool checkpoint, waiters, joined = false;
 	int r;
 
 	spin_lock_irq(&dc->commit_lock);
@@ -803,16 +881,17 @@ static void dd_commit_work(struct work_struct *w)
 	/* Freed blocks come back at commits only; so does a due interval. */
 	checkpoint = !list_empty(&retry) ||
 		     atomic_xchg(&dc->checkpoint_wanted, 0);
-	r = checkpoint ? dd_commit(dc) : dd_flush(dc);
+	r = checkpoint ? dd_commit(dc) : dd_flush(dc, &joined);
 
 	while ((bio = bio_list_pop(&bios)))
 		dd_endio(bio, r ? BLK_STS_IOERR : BLK_STS_OK);
 	/*
 	 * Half the journal is used: empty it while no flush waits for it.
-	 * After an append ahead (no waiters), the flush request it was made
-	 * for is probably on its way: it does that, rather than wait for it.
+	 * After an append ahead that no request joined (no waiters), the
+	 * flush request it was made for is probably on its way: it does
+	 * that, rather than wait for it.
 	 */
-	if (!r && !checkpoint && waiters && dc->md &&
+	if (!r && !checkpoint && (waiters || joined) && dc->md &&
 	    dd_md_checkpoint_due(dc->md))
 		r = dd_commit(dc);
 	/* Their work is the block's own (dedup-io.c): it decides again. */
@@ -846,6 +925,11 @@ void dd_commit_init(struct dedup_c *dc)
 	spin_lock_init(&dc->commit_lock);
 	bio_list_init(&dc->commit_waiters);
 	INIT_LIST_HEAD(&dc->nospc_waiters);
+	dc->join_open = false;
+	dc->joined_acked = 0;
+	bio_list_init(&dc->joined);
+	atomic64_set(&dc->changes_acked, 0);
+	atomic64_set(&dc->appends_joined, 0);
 	atomic_set(&dc->reads_inflight, 0);
 	atomic_set(&dc->low_water_raised, 0);
 	atomic_set(&dc->checkpoint_wanted, 0);

@@ -43,6 +43,7 @@ static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r)
 {
 	if (r == -EROFS)
 		r = -EIO;
+	dd_change_acked(dc);
 	if (!r && (bio->bi_opf & REQ_FUA)) {
 		/* Durable when it completes: the commit completes it. */
 		dd_defer_to_commit(dc, bio);
@@ -591,7 +592,7 @@ static void dd_release_flushes(struct dedup_c *dc, struct bio_list *flushes,
 		if (r)
 			dd_endio(bio, BLK_STS_IOERR);
 		else
-			dd_defer_to_commit(dc, bio);
+			dd_flush_request(dc, bio);
 	}
 }
 

@@ -123,9 +123,19 @@ struct dedup_c {
 	struct work_struct commit_work;
 	struct delayed_work periodic_commit;
 	struct work_struct abort_work;	/* for errors found under a shared lock */
-	spinlock_t commit_lock;		/* protects the two lists below */
+	spinlock_t commit_lock;		/* protects the five below */
 	struct bio_list commit_waiters;	/* flushes and FUA writes */
 	struct list_head nospc_waiters;	/* writes waiting for freed blocks */
+	/*
+	 * An append on its way whose records hold every change acknowledged
+	 * up to changes_acked == joined_acked, and the flush requests that
+	 * came meanwhile and need nothing more (dd_flush_request)
+	 */
+	bool join_open;
+	u64 joined_acked;
+	struct bio_list joined;
+	atomic64_t changes_acked;	/* writes and discards completed */
+	atomic64_t appends_joined;	/* flush requests that joined one */
 	struct list_head flush_waiters;	/* new data written during a flush */
 	/* Reads that may still touch a block freed in this transaction. */
 	atomic_t reads_inflight;
@@ -328,6 +338,8 @@ void dd_commit_stop(struct dedup_c *dc);
 int dd_commit(struct dedup_c *dc);
 int dd_commit_settled(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
+void dd_flush_request(struct dedup_c *dc, struct bio *bio);
+void dd_change_acked(struct dedup_c *dc);
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
 u64 dd_flush_ticket(struct dedup_c *dc);
 void dd_fua_data_written(struct dedup_c *dc);

@@ -163,6 +163,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	       (u64)atomic64_read(&dc->data_flushes_ahead));
 	DMEMIT("appends_ahead %llu\n",
 	       (u64)atomic64_read(&dc->appends_ahead));
+	DMEMIT("appends_joined %llu\n",
+	       (u64)atomic64_read(&dc->appends_joined));
 	/* Percentages in hundredths, to stay in integer arithmetic. */
 	DMEMIT("dedup_ratio_x100 %llu\n",
 	       st.data_live ? div64_u64(st.mapped * 100, st.data_live) : 100);
@@ -666,7 +668,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 9, 0},
+	.version = {1, 10, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

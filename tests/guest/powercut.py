@@ -9,14 +9,15 @@ META_MIB, DATA_MIB, LOGICAL_MIB = 16, 64, 128
 class PowerRig:
     """dm-dedup over two null_blk disks with volatile caches, each behind
     a dm layer that cut() swaps for dm-flakey drop_writes. With
-    write_delay_ms, the data disk's layer is dm-delay, holding every write
-    (and flush) that long, so that the target's writes stay in flight."""
+    write_delay_ms (meta_delay_ms), the data (metadata) disk's layer is
+    dm-delay, holding every write (and flush) that long, so that the
+    target's writes stay in flight."""
 
-    def __init__(self, backing, opts=(), write_delay_ms=0):
+    def __init__(self, backing, opts=(), write_delay_ms=0, meta_delay_ms=0):
         self.backing = backing
         self.nb = {"m": "ddnbm", "d": "ddnbd"}
         self.size = {"m": META_MIB, "d": DATA_MIB}
-        self.write_delay_ms = write_delay_ms
+        self.delay_ms = {"m": meta_delay_ms, "d": write_delay_ms}
         for k in "md":
             backing.nullb(self.nb[k], self.size[k], cache_mib=self.size[k])
         self.layers = {"m": "ddtcrm", "d": "ddtcrd"}
@@ -33,9 +34,9 @@ class PowerRig:
         for k in "md":
             disk = "/dev/" + self.nb[k]
             table = "0 %d linear %s 0" % (self.sectors(k), disk)
-            if k == "d" and self.write_delay_ms:
+            if self.delay_ms[k]:
                 table = "0 %d delay %s 0 0 %s 0 %d" % (self.sectors(k), disk, disk,
-                                                     self.write_delay_ms)
+                                                     self.delay_ms[k])
             run(["dmsetup", "create", self.layers[k], "--table", table])
         ddlib.udev_settle()
 

@@ -27,6 +27,7 @@ cut.
 
 import json
 import os
+import time
 
 import pytest
 
@@ -35,6 +36,7 @@ from ddlib import ZERO, BlockDev, block_data, digest, run
 from powercut import PowerRig
 
 NB = 512          # LBAs looked at (all writes of the test are below this)
+META_DELAY_MS = 400
 
 
 def check_after_cut(dev, durable, maybe):
@@ -132,6 +134,17 @@ def test_power_cut_nullblk(backing, seed):
         assert got == state
 
 
+def power_cut_keeps(rig, expect, what):
+    """Cut both disks and power them off and on: the blocks from 0 read
+    @expect."""
+    rig.cut()
+    rig.power_cycle()
+    with BlockDev(rig.dev.path) as bd:
+        got = bd.read_range(0, len(expect))
+    bad = [lba for lba in range(len(expect)) if got[lba] != expect[lba]]
+    assert not bad, "%s: %s" % (what, bad)
+
+
 def _append_whose_data_flush_is_lost(rig, seed):
     """Eight blocks made durable by an fsync, then three writes (two new
     blocks and a duplicate). The fsync came right after a write, so the
@@ -217,12 +230,7 @@ def test_append_checked_in_the_data_cache_is_flushed_first(backing, seed, kmsg_c
         "the data was in the disk's cache: the append should have been kept"
     with BlockDev(dev.path) as bd:
         assert bd.read_range(0, 8) == new
-    rig.cut()
-    rig.power_cycle()
-    with BlockDev(dev.path) as bd:
-        got = bd.read_range(0, 8)
-    bad = [lba for lba in range(8) if got[lba] != new[lba]]
-    assert not bad, "blocks lost after the activation that kept their append: %s" % bad
+    power_cut_keeps(rig, new, "blocks lost after the activation that kept their append")
 
 
 @pytest.mark.parametrize("hash_opts", [(), ("hash", "crc32c", "verify")],
@@ -250,3 +258,44 @@ def test_appends_go_beside_their_data_flush_only_with_a_strong_hash(backing, see
     assert bool(doc["superblock"]["flags"] & 2) == strong, doc["superblock"]
     assert [a.get("unflushed", False) for a in appends] == [strong] * len(appends), \
         [(a["first_seq"], a.get("unflushed", False)) for a in appends]
+
+
+def test_flush_joins_only_an_append_holding_every_write_before_it(backing, seed):
+    """A flush request that comes while an append is on its way, and no
+    write completed since that append took its records, completes with
+    that append (appends_joined) instead of waiting for it and then
+    finding nothing to append. One that comes after a write completed
+    meanwhile needs an append of its own, with that write in it. The
+    metadata disk holds each write for META_DELAY_MS, so that the append
+    begun ahead is still on its way when the request comes. A power cut
+    right after the last fsync: every write before it reads back, which
+    fails if the last request joined the append that lacks its write."""
+    rig = PowerRig(backing, meta_delay_ms=META_DELAY_MS)
+    dev = rig.dev
+    dev.activate()
+    blocks = [block_data(seed, 900 + i) for i in range(4)]
+
+    def counts():
+        st = dev.stats()
+        return {k: int(st[k]) for k in ("appends_joined", "appends_ahead",
+                                         "journal_appends")}
+
+    with BlockDev(dev.path) as bd:
+        bd.write(0, blocks[0])
+        bd.fsync()                      # after one idle moment: arms the next
+        c0 = counts()
+        bd.write(1, blocks[1])          # its append begins ahead, held below
+        bd.fsync()
+        c1 = counts()
+        assert c1 == {"appends_joined": c0["appends_joined"] + 1,
+                      "appends_ahead": c0["appends_ahead"] + 1,
+                      "journal_appends": c0["journal_appends"] + 1}, (c0, c1)
+        bd.write(2, blocks[2])          # its append begins ahead ...
+        time.sleep(0.05)                # ... and takes its records
+        bd.write(3, blocks[3])          # completes while it is on its way
+        bd.fsync()
+        c2 = counts()
+        assert c2 == {"appends_joined": c1["appends_joined"],
+                      "appends_ahead": c1["appends_ahead"] + 1,
+                      "journal_appends": c1["journal_appends"] + 2}, (c1, c2)
+    power_cut_keeps(rig, blocks, "blocks written before the last fsync lost")

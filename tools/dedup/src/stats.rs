@@ -386,9 +386,10 @@ pub fn render(s: &Stats) -> String {
 /// format version 2): the blocks used since the last commit and the ring's
 /// size (0: version 1, no journal), appends and blocks written,
 /// the blocks replayed at activation and those of an unflushed append
-/// dropped then (target 1.8.0), commits (checkpoints), and the appends
-/// begun ahead of a flush request (1.9.0).
-const JOURNAL_KEYS: [&str; 8] = [
+/// dropped then (target 1.8.0), commits (checkpoints), the appends
+/// begun ahead of a flush request (1.9.0), and the flush requests that
+/// joined an append on its way (1.10.0).
+const JOURNAL_KEYS: [&str; 9] = [
     "journal_blocks_total",
     "journal_blocks_used",
     "journal_appends",
@@ -397,6 +398,7 @@ const JOURNAL_KEYS: [&str; 8] = [
     "journal_blocks_dropped",
     "checkpoints",
     "appends_ahead",
+    "appends_joined",
 ];
 
 /// The journal row: "12 of 2048 blocks used since the last commit; 40
@@ -433,6 +435,12 @@ fn journal_row(s: &Stats) -> Option<String> {
         });
     } else if let Some(w) = get("journal_blocks_written") {
         activity.push(format!("{} written", plural(w, "block")));
+    }
+    if let Some(j) = get("appends_joined") {
+        activity.push(format!(
+            "{} completed with an append on its way",
+            plural(j, "flush request")
+        ));
     }
     if let Some(k) = get("checkpoints") {
         activity.push(plural(k, "checkpoint"));
@@ -640,6 +648,17 @@ hash sha256
             "{text}"
         );
         assert!(!text.contains("appends ahead"), "{text}");
+        // 1.10.0 counts the flush requests that joined an append.
+        let joined = parse_message(&format!("{with}appends_ahead 30\nappends_joined 1\n")).unwrap();
+        let text = render(&combine("vol", st, Some(&joined)));
+        assert!(
+            text.contains(
+                "; 40 appends, 30 of them ahead (52 blocks written), \
+                 1 flush request completed with an append on its way, 3 checkpoints;"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("appends joined"), "{text}");
         let v1 = parse_message(&format!(
             "{MESSAGE}journal_blocks_used 0\njournal_blocks_total 0\ncheckpoints 9\n"
         ))
