@@ -2195,6 +2195,50 @@ static void dd_md_test_journal_epochs(struct kunit *test)
 }
 
 /*
+ * A target before 1.9.0 could leave both slots naming one epoch. The
+ * first read-write open separates them: its checkpoint starts the epoch
+ * two rings past the one read, so no append made from then on can be
+ * replayed onto the older slot.
+ */
+static void dd_md_test_journal_shared_epochs(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	const struct dd_superblock *sb = (const void *)raw;
+	u64 epoch[DD_SB_SLOTS], shared, slot, pba1;
+
+	KUNIT_ASSERT_NOT_NULL(test, raw);
+	dd_test_write(test, md, 0, 10);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_sb_slot(test, bdev, raw);
+	shared = le64_to_cpu(sb->journal_seq);
+	pba1 = dd_test_write(test, md, 1, 11);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_md_close(test, md);
+	dd_test_patch_sb(test, bdev, offsetof(struct dd_superblock, journal_seq),
+			 shared, 8);
+	for (slot = 0; slot < DD_SB_SLOTS; slot++) {
+		dd_test_read_block(test, bdev, slot, raw);
+		KUNIT_ASSERT_TRUE(test, dd_block_csum_ok(raw));
+		KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->journal_seq), shared);
+	}
+
+	md = dd_test_md_open(test, bdev, cfg);
+	dd_test_expect_map(test, md, 1, pba1);
+	dd_test_md_close(test, md);
+	for (slot = 0; slot < DD_SB_SLOTS; slot++) {
+		dd_test_read_block(test, bdev, slot, raw);
+		KUNIT_ASSERT_TRUE(test, dd_block_csum_ok(raw));
+		epoch[slot] = le64_to_cpu(sb->journal_seq);
+	}
+	KUNIT_EXPECT_NE(test, epoch[0], epoch[1]);
+	KUNIT_EXPECT_EQ(test, max(epoch[0], epoch[1]),
+			shared + 2 * le64_to_cpu(sb->journal_blocks));
+}
+
+/*
  * A crash after two appends and a change never appended: the next open
  * replays the appends onto the last commit and checkpoints the result;
  * the change that no flush covered is gone. A read-only open first sees
@@ -2522,6 +2566,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_zero_fingerprint),
 	KUNIT_CASE(dd_md_test_superblock_fallback),
 	KUNIT_CASE(dd_md_test_journal_epochs),
+	KUNIT_CASE(dd_md_test_journal_shared_epochs),
 	KUNIT_CASE(dd_md_test_txn_limit),
 	KUNIT_CASE(dd_md_test_damaged_tree),
 	KUNIT_CASE(dd_md_test_map_beyond_data),
