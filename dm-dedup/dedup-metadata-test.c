@@ -2194,6 +2194,20 @@ static void dd_md_test_journal_epochs(struct kunit *test)
 	dd_test_md_close(test, md);
 }
 
+/* The epoch (journal_seq) each superblock slot names; @raw is scratch. */
+static void dd_test_slot_epochs(struct kunit *test, struct block_device *bdev,
+				u8 *raw, u64 *epoch)
+{
+	const struct dd_superblock *sb = (const void *)raw;
+	u64 slot;
+
+	for (slot = 0; slot < DD_SB_SLOTS; slot++) {
+		dd_test_read_block(test, bdev, slot, raw);
+		KUNIT_ASSERT_TRUE(test, dd_block_csum_ok(raw));
+		epoch[slot] = le64_to_cpu(sb->journal_seq);
+	}
+}
+
 /*
  * A target before 1.9.0 could leave both slots naming one epoch. The
  * first read-write open separates them: its checkpoint starts the epoch
@@ -2207,7 +2221,7 @@ static void dd_md_test_journal_shared_epochs(struct kunit *test)
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	u8 *raw = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
 	const struct dd_superblock *sb = (const void *)raw;
-	u64 epoch[DD_SB_SLOTS], shared, slot, pba1;
+	u64 epoch[DD_SB_SLOTS], shared, pba1;
 
 	KUNIT_ASSERT_NOT_NULL(test, raw);
 	dd_test_write(test, md, 0, 10);
@@ -2219,20 +2233,14 @@ static void dd_md_test_journal_shared_epochs(struct kunit *test)
 	dd_test_md_close(test, md);
 	dd_test_patch_sb(test, bdev, offsetof(struct dd_superblock, journal_seq),
 			 shared, 8);
-	for (slot = 0; slot < DD_SB_SLOTS; slot++) {
-		dd_test_read_block(test, bdev, slot, raw);
-		KUNIT_ASSERT_TRUE(test, dd_block_csum_ok(raw));
-		KUNIT_EXPECT_EQ(test, le64_to_cpu(sb->journal_seq), shared);
-	}
+	dd_test_slot_epochs(test, bdev, raw, epoch);
+	KUNIT_EXPECT_EQ(test, epoch[0], shared);
+	KUNIT_EXPECT_EQ(test, epoch[1], shared);
 
 	md = dd_test_md_open(test, bdev, cfg);
 	dd_test_expect_map(test, md, 1, pba1);
 	dd_test_md_close(test, md);
-	for (slot = 0; slot < DD_SB_SLOTS; slot++) {
-		dd_test_read_block(test, bdev, slot, raw);
-		KUNIT_ASSERT_TRUE(test, dd_block_csum_ok(raw));
-		epoch[slot] = le64_to_cpu(sb->journal_seq);
-	}
+	dd_test_slot_epochs(test, bdev, raw, epoch);
 	KUNIT_EXPECT_NE(test, epoch[0], epoch[1]);
 	KUNIT_EXPECT_EQ(test, max(epoch[0], epoch[1]),
 			shared + 2 * le64_to_cpu(sb->journal_blocks));
