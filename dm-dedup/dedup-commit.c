@@ -185,13 +185,25 @@ void dd_read_untrack(struct dedup_c *dc, struct dd_io *io)
 /* commits */
 
 /*
- * A write or discard completes (before its bio does): a flush request
- * that comes after it needs its change, so it may no longer join an
- * append whose records were taken before (dd_flush_request).
+ * The append that will carry the changes made in this hold of the
+ * transaction lock: the next one taken, which takes every record made
+ * so far under the lock held exclusive (dd_join_open). A change made
+ * after that take goes with the one after.
  */
-void dd_change_acked(struct dedup_c *dc)
+u64 dd_change_append(struct dedup_c *dc)
 {
-	atomic64_inc(&dc->changes_acked);
+	lockdep_assert_held_read(&dc->lock);
+	return dc->appends_taken + 1;
+}
+
+/*
+ * A write or discard whose changes go with append @append completes
+ * (before its bio does): a flush request that comes after it may join
+ * only that append or a later one (dd_defer).
+ */
+void dd_change_acked(struct dedup_c *dc, u64 append)
+{
+	dd_raise(&dc->acked_append, append);
 }
 
 static void dd_defer(struct dedup_c *dc, struct bio *bio, bool flush)
@@ -205,14 +217,13 @@ static void dd_defer(struct dedup_c *dc, struct bio *bio, bool flush)
 	spin_lock_irq(&dc->commit_lock);
 	/*
 	 * Every change acknowledged before this request is in the records
-	 * of the append on its way, which took them with no change
-	 * acknowledged since: the request needs that append and nothing
-	 * more, and completes with it, rather than wait for it and then
-	 * find nothing to append. Not with early_ack, which acknowledges
-	 * writes before their change is made.
+	 * of the append on its way, or of one before it: the request needs
+	 * that append and nothing more, and completes with it, rather than
+	 * wait for it and then find nothing to append. Not with early_ack,
+	 * which acknowledges writes before their change is made.
 	 */
 	if (flush && !dc->early_ack && dc->join_open &&
-	    atomic64_read(&dc->changes_acked) == dc->joined_acked) {
+	    atomic64_read(&dc->acked_append) <= dc->joined_append) {
 		bio_list_add(&dc->joined, bio);
 		spin_unlock_irq(&dc->commit_lock);
 		atomic64_inc(&dc->appends_joined);
@@ -684,17 +695,18 @@ int dd_commit(struct dedup_c *dc)
 }
 
 /*
- * The append's records are taken: from now until it is done, a flush
- * request that comes with no change acknowledged since joins it. Under
- * the transaction lock held exclusive, so that every change whose
- * completion the count below includes is in the records.
+ * The append's records are taken, under the transaction lock held
+ * exclusive: every change made so far is in them, and every change made
+ * from now on goes with the next append (dd_change_append). Until this
+ * one is done, a flush request that needs no later one joins it.
  */
 static void dd_join_open(struct dedup_c *dc)
 {
 	lockdep_assert_held_write(&dc->lock);
+	dc->appends_taken++;
 	spin_lock_irq(&dc->commit_lock);
 	dc->join_open = true;
-	dc->joined_acked = atomic64_read(&dc->changes_acked);
+	dc->joined_append = dc->appends_taken;
 	spin_unlock_irq(&dc->commit_lock);
 }
 
@@ -926,9 +938,10 @@ void dd_commit_init(struct dedup_c *dc)
 	bio_list_init(&dc->commit_waiters);
 	INIT_LIST_HEAD(&dc->nospc_waiters);
 	dc->join_open = false;
-	dc->joined_acked = 0;
+	dc->appends_taken = 0;
+	dc->joined_append = 0;
 	bio_list_init(&dc->joined);
-	atomic64_set(&dc->changes_acked, 0);
+	atomic64_set(&dc->acked_append, 0);
 	atomic64_set(&dc->appends_joined, 0);
 	atomic_set(&dc->reads_inflight, 0);
 	atomic_set(&dc->low_water_raised, 0);

@@ -573,6 +573,55 @@ static void dd_decide_test_stored_runs(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, atomic_read(&done), 0);
 }
 
+/* An append is taken, as dd_flush() does: every record made so far. */
+static void dd_test_take_append(struct dedup_c *dc)
+{
+	down_write(&dc->lock);
+	dc->appends_taken++;
+	up_write(&dc->lock);
+}
+
+/*
+ * Each write and discard learns which append carries its changes: the
+ * next one taken after the hold that made them. A flush request may
+ * join an append only if no change acknowledged before it needs a
+ * later one, so a change made after a take must name the next append,
+ * even if the write's earlier steps came before the take.
+ */
+static void dd_decide_test_append_of_each_change(struct kunit *test)
+{
+	struct dedup_c *dc = dd_test_dc(test, 64, 64);
+	struct dd_test_write *a = dd_test_new_write(test, dc, 0, 31, NULL);
+	struct dd_test_write *b = dd_test_new_write(test, dc, 1, 31, NULL);
+	struct dd_test_write *z = dd_test_new_write(test, dc, 2, 0, NULL);
+	u64 append = 0;
+
+	/* Stored: decided before a take, mapped after it. */
+	KUNIT_ASSERT_EQ(test, dd_test_decide_only(dc, a), DD_STORE);
+	KUNIT_EXPECT_EQ(test, atomic64_read(&a->w.append), 1);
+	dd_test_take_append(dc);
+	a->b.run_next = NULL;
+	KUNIT_EXPECT_TRUE(test, dd_decide_stored(dc, &a->b, 0));
+	KUNIT_EXPECT_EQ(test, atomic64_read(&a->w.append), 2);
+
+	/* A duplicate and a zero block: mapped in their one decision. */
+	KUNIT_EXPECT_EQ(test, dd_test_decide_only(dc, b), DD_DONE);
+	KUNIT_EXPECT_EQ(test, atomic64_read(&b->w.append), 2);
+	dd_test_take_append(dc);
+	KUNIT_EXPECT_EQ(test, dd_test_decide_only(dc, z), DD_DONE);
+	KUNIT_EXPECT_EQ(test, atomic64_read(&z->w.append), 3);
+	KUNIT_EXPECT_EQ(test, atomic64_read(&b->w.append), 2);
+
+	dd_test_take_append(dc);
+	KUNIT_EXPECT_EQ(test, dd_decide_unmap(dc, 0, 2, &append), 0);
+	KUNIT_EXPECT_EQ(test, append, 4);
+
+	/* What a completion raises the device's to; never lowered. */
+	dd_change_acked(dc, 3);
+	dd_change_acked(dc, 2);
+	KUNIT_EXPECT_EQ(test, atomic64_read(&dc->acked_append), 3);
+}
+
 static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_store_then_share),
 	KUNIT_CASE(dd_decide_test_follower),
@@ -585,6 +634,7 @@ static struct kunit_case dd_decide_cases[] = {
 	KUNIT_CASE(dd_decide_test_concurrent_writers),
 	KUNIT_CASE(dd_decide_test_stored_waits_for_flushing_commit),
 	KUNIT_CASE(dd_decide_test_stored_runs),
+	KUNIT_CASE(dd_decide_test_append_of_each_change),
 	{}
 };
 

@@ -636,6 +636,7 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision)
 {
+	struct dd_write *w = nr ? blk[0].w : NULL;
 	unsigned int i, nr_store = 0;
 
 	down_read(&dc->lock);
@@ -655,6 +656,9 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 	}
 	if (nr_store)
 		dd_give_blocks(dc, blk, nr, decision, nr_store);
+	/* Not parked blocks': they are no longer ours to look at. */
+	if (nr)
+		dd_raise(&w->append, dd_change_append(dc));
 	up_read(&dc->lock);
 }
 
@@ -760,6 +764,8 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 		for (b = runs[i]; b; b = b->run_next)
 			dd_inflight_del(dc, b);
 	spin_unlock(&dc->index_lock);
+	for (i = 0; i < nr_todo; i++)
+		dd_raise(&todo[i]->w->append, dd_change_append(dc));
 	up_read(&dc->lock);
 	return kept;
 }
@@ -774,9 +780,10 @@ bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error)
 /*
  * Discard or write zeroes: unmap [begin, end), a chunk per hold of the
  * locks so that other I/O and commits run between chunks. A commit may
- * land between two chunks; the discard is not complete until the last.
+ * land between two chunks; the discard is not complete until the last,
+ * and its changes go with *@append (dd_change_append) or an earlier one.
  */
-int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end)
+int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end, u64 *append)
 {
 	struct dd_md_freed freed[DD_FREED_BATCH];
 	unsigned int nr_freed;
@@ -799,6 +806,7 @@ int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end)
 			dd_metadata_error(dc, "discard", r);
 		else
 			dd_check_writeback(dc);
+		*append = dd_change_append(dc);
 		up_read(&dc->lock);
 		cond_resched();
 	}

@@ -36,14 +36,16 @@ static blk_status_t dd_errno_to_status(int r)
 }
 
 /*
- * A write, discard or write zeroes is done with @r, and the next change
- * to its blocks may go ahead (the caller left its cell).
+ * A write, discard or write zeroes is done with @r, its changes going
+ * with append @append, and the next change to its blocks may go ahead
+ * (the caller left its cell).
  */
-static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r)
+static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r,
+			       u64 append)
 {
 	if (r == -EROFS)
 		r = -EIO;
-	dd_change_acked(dc);
+	dd_change_acked(dc, append);
 	if (!r && (bio->bi_opf & REQ_FUA)) {
 		/* Durable when it completes: the commit completes it. */
 		dd_defer_to_commit(dc, bio);
@@ -291,6 +293,7 @@ static void dd_write_done(struct dd_write *w)
 	struct bio *bio = w->bio;
 	unsigned int nr = w->nr;
 	int r = READ_ONCE(w->error);
+	u64 append = atomic64_read(&w->append);
 
 	if (w->pooled)
 		mempool_free(w->blk, &dc->batch_pool);
@@ -305,7 +308,7 @@ static void dd_write_done(struct dd_write *w)
 	if (atomic_dec_and_test(&dc->writes_inflight))
 		dd_writes_idle(dc);
 	if (bio)
-		dd_complete_change(dc, bio, r);
+		dd_complete_change(dc, bio, r, append);
 	else
 		dd_acked_done(dc, nr, r);
 }
@@ -791,6 +794,7 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 	w->css = NULL;
 	w->nr = nr;
 	w->error = 0;
+	atomic64_set(&w->append, 0);
 	w->fua = bio->bi_opf & REQ_FUA;
 	w->pooled = false;
 	if (nr == 1) {
@@ -837,10 +841,11 @@ static void dd_discard_work(struct work_struct *w)
 	struct dedup_c *dc = io->dc;
 	struct bio *bio = dd_bio(io);
 	u64 n = bio_sectors(bio) / DD_SECTORS_PER_BLOCK;
-	int r = dd_decide_unmap(dc, io->lba, io->lba + n);
+	u64 append = 0;
+	int r = dd_decide_unmap(dc, io->lba, io->lba + n, &append);
 
 	dd_cell_leave(&dc->cells, &io->cell);
-	dd_complete_change(dc, bio, r);
+	dd_complete_change(dc, bio, r, append);
 }
 
 /* ------------------------------------------------------------------ */

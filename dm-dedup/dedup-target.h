@@ -115,6 +115,7 @@ struct dedup_c {
 	u64 commit_hold_ns;
 	u64 commit_hold_max_ns;
 	struct rw_semaphore lock;	/* the transaction, see above */
+	u64 appends_taken;		/* under lock held exclusive */
 	int mode;			/* only raised, by cmpxchg; read anywhere */
 	atomic_t low_water_raised;	/* set by a writer, cleared by commit */
 	atomic_t checkpoint_wanted;	/* the commit interval passed */
@@ -127,14 +128,15 @@ struct dedup_c {
 	struct bio_list commit_waiters;	/* flushes and FUA writes */
 	struct list_head nospc_waiters;	/* writes waiting for freed blocks */
 	/*
-	 * An append on its way whose records hold every change acknowledged
-	 * up to changes_acked == joined_acked, and the flush requests that
-	 * came meanwhile and need nothing more (dd_flush_request)
+	 * The append on its way (number joined_append), and the flush
+	 * requests that came meanwhile and need nothing more: every change
+	 * acknowledged before them is in it (dd_flush_request)
 	 */
 	bool join_open;
-	u64 joined_acked;
+	u64 joined_append;
 	struct bio_list joined;
-	atomic64_t changes_acked;	/* writes and discards completed */
+	/* The newest append a completed write or discard needs: dd_change_acked */
+	atomic64_t acked_append;
 	atomic64_t appends_joined;	/* flush requests that joined one */
 	struct list_head flush_waiters;	/* new data written during a flush */
 	/* Reads that may still touch a block freed in this transaction. */
@@ -268,6 +270,7 @@ struct dd_write {
 	atomic_t hashing;		/* chunks of blocks still being hashed */
 	atomic_t pending;		/* blocks not yet done */
 	int error;			/* the first block's error that failed */
+	atomic64_t append;		/* the append its changes go with */
 	bool fua;			/* durable when it completes */
 	bool pooled;			/* blk came from dc->batch_pool */
 	struct dd_write_block one;	/* a one-block write needs no batch */
@@ -291,6 +294,15 @@ struct dd_io {
 	unsigned int flags;
 	struct dd_cell cell;		/* a discard's turn, or a read's */
 };
+
+/* Raise @v to @n, if below: several CPUs may raise it at once. */
+static inline void dd_raise(atomic64_t *v, u64 n)
+{
+	s64 old = atomic64_read(v);
+
+	while (old < (s64)n && !atomic64_try_cmpxchg(v, &old, n))
+		;
+}
 
 static inline struct bio *dd_bio(struct dd_io *io)
 {
@@ -329,7 +341,7 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 				   struct dd_write_block **runs,
 				   unsigned int nr);
 bool dd_decide_stored(struct dedup_c *dc, struct dd_write_block *run, int error);
-int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end);
+int dd_decide_unmap(struct dedup_c *dc, u64 begin, u64 end, u64 *append);
 
 /* dedup-commit.c */
 void dd_commit_init(struct dedup_c *dc);
@@ -339,7 +351,8 @@ int dd_commit(struct dedup_c *dc);
 int dd_commit_settled(struct dedup_c *dc);
 void dd_defer_to_commit(struct dedup_c *dc, struct bio *bio);
 void dd_flush_request(struct dedup_c *dc, struct bio *bio);
-void dd_change_acked(struct dedup_c *dc);
+u64 dd_change_append(struct dedup_c *dc);
+void dd_change_acked(struct dedup_c *dc, u64 append);
 void dd_wait_for_frees(struct dedup_c *dc, struct dd_write_block *blk);
 u64 dd_flush_ticket(struct dedup_c *dc);
 void dd_fua_data_written(struct dedup_c *dc);
