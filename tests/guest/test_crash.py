@@ -261,11 +261,12 @@ def test_appends_go_beside_their_data_flush_only_with_a_strong_hash(backing, see
 
 
 def test_flush_joins_only_an_append_holding_every_write_before_it(backing, seed):
-    """A flush request that comes while an append is on its way, and no
-    write completed since that append took its records, completes with
-    that append (appends_joined) instead of waiting for it and then
-    finding nothing to append. One that comes after a write completed
-    meanwhile needs an append of its own, with that write in it. The
+    """A flush request that comes while an append is on its way, and every
+    write completed before it made its change before that append took its
+    records, completes with that append (appends_joined) instead of
+    waiting for it and then finding nothing to append. One that comes
+    after a write that made its change after the take needs an append of
+    its own, with that write in it. The
     metadata disk holds each write for META_DELAY_MS, so that the append
     begun ahead is still on its way when the request comes. A power cut
     right after the last fsync: every write before it reads back, which
