@@ -281,18 +281,33 @@ def test_flush_joins_only_an_append_holding_every_write_before_it(backing, seed)
         return {k: int(st[k]) for k in ("appends_joined", "appends_ahead",
                                          "journal_appends")}
 
+    def wait_taken(used):
+        """Until the append begun ahead took its records, which moves the
+        journal's write position (its blocks stay held below)."""
+        deadline = time.monotonic() + 30
+        while int(dev.stats()["journal_blocks_used"]) <= used:
+            assert time.monotonic() < deadline, \
+                "the append begun ahead did not take its records"
+            time.sleep(0.01)
+
+    def used():
+        return int(dev.stats()["journal_blocks_used"])
+
     with BlockDev(dev.path) as bd:
         bd.write(0, blocks[0])
         bd.fsync()                      # after one idle moment: arms the next
         c0 = counts()
+        u = used()
         bd.write(1, blocks[1])          # its append begins ahead, held below
+        wait_taken(u)
         bd.fsync()
         c1 = counts()
         assert c1 == {"appends_joined": c0["appends_joined"] + 1,
                       "appends_ahead": c0["appends_ahead"] + 1,
                       "journal_appends": c0["journal_appends"] + 1}, (c0, c1)
+        u = used()
         bd.write(2, blocks[2])          # its append begins ahead ...
-        time.sleep(0.05)                # ... and takes its records
+        wait_taken(u)                   # ... and takes its records
         bd.write(3, blocks[3])          # completes while it is on its way
         bd.fsync()
         c2 = counts()
