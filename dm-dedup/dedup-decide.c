@@ -636,7 +636,7 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision)
 {
-	struct dd_write *w = nr ? blk[0].w : NULL;
+	struct dd_write *w = blk->w;
 	unsigned int i, nr_store = 0;
 
 	down_read(&dc->lock);
@@ -657,8 +657,7 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 	if (nr_store)
 		dd_give_blocks(dc, blk, nr, decision, nr_store);
 	/* Not parked blocks': they are no longer ours to look at. */
-	if (nr)
-		dd_raise(&w->append, dd_change_append(dc));
+	dd_raise(&w->append, dd_change_append(dc));
 	up_read(&dc->lock);
 }
 
@@ -728,6 +727,7 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 {
 	struct dd_write_block *todo[DD_STORED_BLOCKS], *run, *b;
 	unsigned int i, len, kept = 0, nr_todo = 0;
+	u64 append;
 	int error;
 
 	if (WARN_ON_ONCE(nr > DD_STORED_RUNS))
@@ -764,8 +764,9 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 		for (b = runs[i]; b; b = b->run_next)
 			dd_inflight_del(dc, b);
 	spin_unlock(&dc->index_lock);
+	append = dd_change_append(dc);
 	for (i = 0; i < nr_todo; i++)
-		dd_raise(&todo[i]->w->append, dd_change_append(dc));
+		dd_raise(&todo[i]->w->append, append);
 	up_read(&dc->lock);
 	return kept;
 }

@@ -266,11 +266,11 @@ def test_flush_joins_only_an_append_holding_every_write_before_it(backing, seed)
     records, completes with that append (appends_joined) instead of
     waiting for it and then finding nothing to append. One that comes
     after a write that made its change after the take needs an append of
-    its own, with that write in it. The
-    metadata disk holds each write for META_DELAY_MS, so that the append
-    begun ahead is still on its way when the request comes. A power cut
-    right after the last fsync: every write before it reads back, which
-    fails if the last request joined the append that lacks its write."""
+    its own, with that write in it. The metadata disk holds each write
+    for META_DELAY_MS, so that the append begun ahead is still on its way
+    when the request comes. A power cut right after the last fsync: every
+    write before it reads back, which fails if the last request joined
+    the append that lacks its write."""
     rig = PowerRig(backing, meta_delay_ms=META_DELAY_MS)
     dev = rig.dev
     dev.activate()
@@ -281,17 +281,17 @@ def test_flush_joins_only_an_append_holding_every_write_before_it(backing, seed)
         return {k: int(st[k]) for k in ("appends_joined", "appends_ahead",
                                          "journal_appends")}
 
-    def wait_taken(used):
+    def used():
+        return int(dev.stats()["journal_blocks_used"])
+
+    def wait_taken(before):
         """Until the append begun ahead took its records, which moves the
         journal's write position (its blocks stay held below)."""
         deadline = time.monotonic() + 30
-        while int(dev.stats()["journal_blocks_used"]) <= used:
+        while used() <= before:
             assert time.monotonic() < deadline, \
                 "the append begun ahead did not take its records"
             time.sleep(0.01)
-
-    def used():
-        return int(dev.stats()["journal_blocks_used"])
 
     with BlockDev(dev.path) as bd:
         bd.write(0, blocks[0])
