@@ -568,6 +568,31 @@ static void dd_block_test_super_slots(struct kunit *test)
 	KUNIT_EXPECT_MEMEQ(test, raw, slot1, DD_BLOCK_SIZE);
 }
 
+/*
+ * A group ends once, at the put of its last part, and says whether any
+ * part failed; parts added on the way count as well.
+ */
+static void dd_block_test_io_group(struct kunit *test)
+{
+	struct dd_test_group t;
+
+	dd_test_group_init(&t, 2);
+	dd_io_group_put(&t.g, BLK_STS_OK);
+	dd_io_group_get(&t.g);
+	dd_io_group_put(&t.g, BLK_STS_OK);
+	KUNIT_EXPECT_EQ(test, t.calls, 0);
+	dd_io_group_put(&t.g, BLK_STS_OK);
+	KUNIT_EXPECT_EQ(test, t.calls, 1);
+	KUNIT_EXPECT_FALSE(test, t.failed);
+
+	dd_test_group_init(&t, 2);
+	dd_io_group_put(&t.g, BLK_STS_IOERR);
+	KUNIT_EXPECT_EQ(test, t.calls, 0);
+	dd_io_group_put(&t.g, BLK_STS_OK);
+	KUNIT_EXPECT_EQ(test, t.calls, 1);
+	KUNIT_EXPECT_TRUE(test, t.failed);
+}
+
 static struct kunit_case dd_block_cases[] = {
 	KUNIT_CASE(dd_block_test_csum_zero_vector),
 	KUNIT_CASE(dd_block_test_csum_reference),
@@ -585,6 +610,7 @@ static struct kunit_case dd_block_cases[] = {
 	KUNIT_CASE(dd_block_test_background_write),
 	KUNIT_CASE(dd_block_test_write_ahead),
 	KUNIT_CASE(dd_block_test_super_slots),
+	KUNIT_CASE(dd_block_test_io_group),
 	{}
 };
 

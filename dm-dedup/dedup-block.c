@@ -480,9 +480,27 @@ int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb)
 	return dd_bm_write_all(bm);
 }
 
-static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
-		    struct page **pages, unsigned int nr)
+struct dd_bm_wait {
+	struct completion done;
+	struct dd_io_group *group;
+};
+
+static void dd_bm_io_end(struct bio *bio)
 {
+	struct dd_bm_wait *w = bio->bi_private;
+
+	/* Before the waiter is woken: the group may live on its stack. */
+	if (w->group)
+		dd_io_group_put(w->group, bio->bi_status);
+	complete(&w->done);
+}
+
+/* One bio at a time; the last one ends @group's part (see dd_io_group). */
+static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
+		    struct page **pages, unsigned int nr,
+		    struct dd_io_group *group)
+{
+	struct dd_bm_wait w;
 	unsigned int i, n;
 	struct bio *bio;
 	int r = 0;
@@ -495,7 +513,13 @@ static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
 		bio->bi_iter.bi_sector = first * DD_SECTORS_PER_BLOCK;
 		for (i = 0; i < n; i++)
 			__bio_add_page(bio, pages[i], DD_BLOCK_SIZE, 0);
-		r = submit_bio_wait(bio);
+		init_completion(&w.done);
+		w.group = n == nr ? group : NULL;
+		bio->bi_private = &w;
+		bio->bi_end_io = dd_bm_io_end;
+		submit_bio(bio);
+		wait_for_completion_io(&w.done);
+		r = blk_status_to_errno(bio->bi_status);
 		bio_put(bio);
 		first += n;
 		pages += n;
@@ -507,12 +531,12 @@ static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
 int dd_bm_read_blocks(struct dd_bm *bm, u64 first, struct page **pages,
 		      unsigned int nr)
 {
-	return dd_bm_io(bm, REQ_OP_READ, first, pages, nr);
+	return dd_bm_io(bm, REQ_OP_READ, first, pages, nr, NULL);
 }
 
 int dd_bm_write_blocks(struct dd_bm *bm, u64 first, struct page **pages,
-		       unsigned int nr)
+		       unsigned int nr, struct dd_io_group *group)
 {
 	return dd_bm_io(bm, REQ_OP_WRITE | REQ_SYNC | REQ_FUA, first, pages,
-			nr);
+			nr, group);
 }

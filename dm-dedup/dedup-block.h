@@ -78,13 +78,55 @@ void dd_bm_next_txn(struct dd_bm *bm);
 void dd_bm_settle(struct dd_bm *bm);
 int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb);
 /*
+ * I/O whose owner learns from the last completion that all of it is
+ * done, without waiting for a thread to be woken: @pending counts the
+ * parts not yet done, each put by the completion of the bio that ends
+ * it; the put that brings it to zero calls @done, in that bio's
+ * completion (interrupt context) or in the thread of a part that needed
+ * no I/O, with @failed set if any part failed. A part whose I/O is never
+ * issued (an error before it) is never put, and @done is never called.
+ * Each put happens before its bio's waiter is woken, so an owner that
+ * waits for every bio it issued may then free the group.
+ */
+struct dd_io_group {
+	atomic_t pending;
+	bool failed;
+	void (*done)(struct dd_io_group *g, bool failed);
+};
+
+static inline void dd_io_group_init(struct dd_io_group *g, unsigned int parts,
+				    void (*done)(struct dd_io_group *g,
+						 bool failed))
+{
+	atomic_set(&g->pending, parts);
+	g->failed = false;
+	g->done = done;
+}
+
+static inline void dd_io_group_get(struct dd_io_group *g)
+{
+	atomic_inc(&g->pending);
+}
+
+static inline void dd_io_group_put(struct dd_io_group *g, blk_status_t status)
+{
+	if (status)
+		WRITE_ONCE(g->failed, true);
+	/* Fully ordered: the last put sees every part's failure. */
+	if (atomic_dec_and_test(&g->pending))
+		g->done(g, READ_ONCE(g->failed));
+}
+
+/*
  * Whole blocks past the cache, for the journal, whose blocks the trees
- * never read: @nr pages from block @first; writes carry FUA.
+ * never read: @nr pages from block @first; writes carry FUA. A write's
+ * last bio puts @group's part (NULL: none), once all the blocks are
+ * written, or failed.
  */
 int dd_bm_read_blocks(struct dd_bm *bm, u64 first, struct page **pages,
 		      unsigned int nr);
 int dd_bm_write_blocks(struct dd_bm *bm, u64 first, struct page **pages,
-		       unsigned int nr);
+		       unsigned int nr, struct dd_io_group *group);
 
 u32 dd_block_csum(const void *data);
 bool dd_block_csum_ok(const void *data);

@@ -229,6 +229,7 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
 	b->nr = j->nr_pending;
 	b->first_seq = j->next_seq;
 	b->unflushed = j->geo.unflushed;
+	b->notify = NULL;
 	if (b->unflushed)
 		j->unchecked = true;
 	j->next_seq += j->nr_pending;
@@ -255,7 +256,8 @@ int dd_journal_write(struct dd_journal *j, struct dd_journal_batch *b)
 		pos = dd_ring_pos(&j->geo, b->first_seq + done);
 		n = min_t(u64, b->nr - done, j->geo.nr_blocks - pos);
 		r = dd_bm_write_blocks(j->bm, j->geo.start + pos,
-				       b->pages + done, n);
+				       b->pages + done, n,
+				       done + n == b->nr ? b->notify : NULL);
 		done += n;
 	}
 	mutex_lock(&j->lock);

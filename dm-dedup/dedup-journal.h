@@ -71,6 +71,11 @@ struct dd_journal_batch {
 	 * flushed. If not, the data must be flushed first.
 	 */
 	bool unflushed;
+	/*
+	 * Set by the taker after dd_journal_take(), or NULL: its part ends
+	 * when the append's last block is written (see dd_io_group).
+	 */
+	struct dd_io_group *notify;
 };
 
 int dd_journal_init(struct dd_journal *j, struct dd_bm *bm,

@@ -1916,13 +1916,22 @@ static void dd_md_test_saved_refused(struct kunit *test)
 /* ------------------------------------------------------------------ */
 /* the journal */
 
-/* What a flush does with the journal: one append of the changes. */
+/*
+ * What a flush does with the journal: one append of the changes. The
+ * group handed with it ends once, when the append's last block is
+ * written.
+ */
 static void dd_test_append(struct kunit *test, struct dd_metadata *md)
 {
+	struct dd_test_group t;
 	struct dd_journal_batch b;
 
+	dd_test_group_init(&t, 1);
 	KUNIT_ASSERT_EQ(test, dd_md_journal_take(md, &b), 0);
+	b.notify = &t.g;
 	KUNIT_ASSERT_EQ(test, dd_md_journal_write(md, &b), 0);
+	KUNIT_EXPECT_EQ(test, t.calls, 1);
+	KUNIT_EXPECT_FALSE(test, t.failed);
 }
 
 /* The block that holds sequence number epoch + @k, from the superblock. */

@@ -35,13 +35,16 @@
  * never across I/O or a metadata verb. dc->cells.lock is taken with none
  * of the others held, and only queues work under it. dc->flush_lock is
  * taken with commit_mutex held or with none, also from a flush's
- * completion. Each function that relies on a lock asserts how it must be
- * held.
+ * completion. dc->commit_lock, too, is taken from a completion: the last
+ * of an append's I/O (dd_append_durable), with no other lock held. Each
+ * function that relies on a lock asserts how it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
  * unit that must decide a block of a write again (it waited for its twin
  * or for freed blocks) queues the block's own work, which dedup-io.c set
- * up, and never calls up.
+ * up, and never calls up. A unit may hand one below it a dd_io_group
+ * (dedup-block.h), whose end it runs as a bio's end_io is run: when the
+ * I/O is done, not as a call back into the unit's state.
  *
  *   dm-dedup-target.c  table lines, construction, status, messages,
  *                      suspend and resume
@@ -157,6 +160,7 @@ struct dedup_c {
 	u64 ahead_count;		/* data_writes_done when it was sent */
 	int ahead_error;		/* one sent ahead failed: never cleared */
 	struct bio ahead_bio;
+	struct dd_io_group *ahead_group;	/* an append's, put at its end */
 	wait_queue_head_t ahead_wait;	/* ahead_inflight went false */
 	atomic64_t data_flushes_ahead;
 	atomic64_t appends_ahead;	/* appends dd_writes_idle() began */

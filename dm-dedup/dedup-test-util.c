@@ -188,3 +188,18 @@ u32 dd_test_crc32c(const void *data, size_t len)
 	}
 	return ~crc;
 }
+
+static void dd_test_group_done(struct dd_io_group *g, bool failed)
+{
+	struct dd_test_group *t = container_of(g, struct dd_test_group, g);
+
+	t->calls++;
+	t->failed = failed;
+}
+
+void dd_test_group_init(struct dd_test_group *t, unsigned int parts)
+{
+	t->calls = 0;
+	t->failed = false;
+	dd_io_group_init(&t->g, parts, dd_test_group_done);
+}

@@ -45,4 +45,13 @@ void dd_test_md_close(struct kunit *test, struct dd_metadata *md);
 void dd_test_fp(u8 *fp, u64 seed);
 u32 dd_test_crc32c(const void *data, size_t len);
 
+/* An I/O group whose end counts its calls and keeps what it was told. */
+struct dd_test_group {
+	struct dd_io_group g;
+	int calls;
+	bool failed;
+};
+
+void dd_test_group_init(struct dd_test_group *t, unsigned int parts);
+
 #endif
