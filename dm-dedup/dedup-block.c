@@ -518,7 +518,9 @@ static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
 		bio->bi_private = &w;
 		bio->bi_end_io = dd_bm_io_end;
 		submit_bio(bio);
-		wait_for_completion_io(&w.done);
+		/* As submit_bio_wait(): a stalled disk is not a hung task. */
+		while (!wait_for_completion_io_timeout(&w.done, 10 * HZ))
+			;
 		r = blk_status_to_errno(bio->bi_status);
 		bio_put(bio);
 		first += n;

@@ -329,17 +329,17 @@ static void dd_flush_ahead_endio(struct bio *bio)
 	else if (!dc->ahead_error)
 		dc->ahead_error = r;
 	group = dc->ahead_group;
-	dc->ahead_group = NULL;
 	spin_unlock_irqrestore(&dc->flush_lock, flags);
 	/*
-	 * The append that counted on this flush: before it can see the
-	 * flush done (and free its group), and with no lock held, since its
-	 * end takes commit_lock.
+	 * The append that waits for this flush: with no lock held, since its
+	 * end takes commit_lock, and before the append sees the flush done
+	 * (ahead_group cleared) and frees its group.
 	 */
 	if (group)
 		dd_io_group_put(group, status);
 
 	spin_lock_irqsave(&dc->flush_lock, flags);
+	dc->ahead_group = NULL;
 	dc->ahead_inflight = false;
 	/* Under the lock: a waiter may free dc once it sees the flush done. */
 	wake_up_all(&dc->ahead_wait);
@@ -496,6 +496,7 @@ struct dd_data_flush {
 	struct dd_io_group *group;	/* of the append that needs it */
 	u64 count;		/* data_writes_done when it began */
 	bool sent;		/* bio is ours and on its way */
+	bool ahead;		/* group has a part in the flush sent ahead */
 };
 
 static void dd_data_flush_endio(struct bio *bio)
@@ -509,8 +510,10 @@ static void dd_data_flush_endio(struct bio *bio)
 }
 
 /*
- * @group (or NULL): the append that needs the flush; a part of it is
- * the flush we send, or the one sent ahead that covers ours.
+ * @group (or NULL): the append that needs the flush. The flush we send
+ * is a part of it, and so is a flush sent ahead that is on its way, even
+ * one that does not cover ours: if it fails, so does the append
+ * (dd_flush_ahead), and the group must not end before it is known.
  */
 static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f,
 				struct dd_io_group *group)
@@ -524,18 +527,20 @@ static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f,
 	f->count = atomic64_read(&dc->data_writes_done);
 	f->sent = false;
 	f->group = group;
+	f->ahead = false;
 	spin_lock_irq(&dc->flush_lock);
 	stable = dd_data_stable(dc, f->count);
 	ahead = !stable && dc->ahead_inflight && dc->ahead_count >= f->count;
 	/*
-	 * dd_data_flush_end() waits for it: the group outlives the put. One
-	 * whose completion already took its group (it failed, or it would
-	 * have made ours stable) has set ahead_error, and the append then
-	 * fails: it needs no part for it.
+	 * dd_data_flush_end() waits until its completion let the group go.
+	 * If that completion already looked for a group (a narrow window),
+	 * the part is never put and the group never ends: the commit worker
+	 * completes the append's requests instead.
 	 */
-	if (ahead && group && !dc->ahead_error) {
+	if (group && dc->ahead_inflight && !dc->ahead_error) {
 		dd_io_group_get(group);
 		dc->ahead_group = group;
+		f->ahead = true;
 	}
 	spin_unlock_irq(&dc->flush_lock);
 	if (stable || ahead)
@@ -567,6 +572,13 @@ static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
 	int r;
 
 	lockdep_assert_held(&dc->commit_mutex);
+	if (f->ahead) {
+		/* Its completion may still put our group: see dd_flush_ahead_endio. */
+		spin_lock_irq(&dc->flush_lock);
+		wait_event_lock_irq(dc->ahead_wait, dc->ahead_group != f->group,
+				    dc->flush_lock);
+		spin_unlock_irq(&dc->flush_lock);
+	}
 	if (!f->sent && dd_data_flush_covers(dc, f->count)) {
 		WRITE_ONCE(dc->data_flushes_skipped,
 			   dc->data_flushes_skipped + 1);
