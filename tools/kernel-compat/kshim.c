@@ -229,6 +229,12 @@ int submit_bio_wait(struct bio *bio)
 	return 0;
 }
 
+void submit_bio(struct bio *bio)
+{
+	bio->bi_status = submit_bio_wait(bio) ? BLK_STS_IOERR : BLK_STS_OK;
+	bio->bi_end_io(bio);
+}
+
 void bio_put(struct bio *bio)
 {
 	free(bio);

@@ -132,6 +132,8 @@ typedef struct { int counter; } atomic_t;
 #define atomic_read(a) ((a)->counter)
 #define atomic_inc(a) ((void)((a)->counter++))
 #define atomic_dec(a) ((void)((a)->counter--))
+#define atomic_set(a, v) ((a)->counter = (v))
+#define atomic_dec_and_test(a) (--(a)->counter == 0)
 /* One thread: an exchange is a read and a write. */
 #define xchg(p, v) ({ __typeof__(*(p)) __old = *(p); *(p) = (v); __old; })
 #define cmpxchg(p, o, n) ({ __typeof__(*(p)) __old = *(p); \
@@ -238,8 +240,25 @@ static inline struct page *alloc_page(int gfp) { (void)gfp; return calloc(1, siz
 static inline void __free_page(struct page *p) { free(p); }
 static inline void *page_address(struct page *p) { return p->data; }
 
-/* Bios: synchronous reads and writes of whole pages on the file. */
+/*
+ * Bios: synchronous reads and writes of whole pages on the file; a bio
+ * submitted is done, and its end_io called, before submit_bio() returns.
+ */
 typedef unsigned int blk_opf_t;
+typedef u8 blk_status_t;
+#define BLK_STS_OK	0
+#define BLK_STS_IOERR	10
+static inline int blk_status_to_errno(blk_status_t s) { return s ? -EIO : 0; }
+struct completion { int done; };
+static inline void init_completion(struct completion *c) { c->done = 0; }
+static inline void complete(struct completion *c) { c->done = 1; }
+#define HZ 100
+static inline unsigned long wait_for_completion_io_timeout(struct completion *c,
+							   unsigned long t)
+{
+	(void)t;
+	return c->done;
+}
 #define REQ_OP_READ	0U
 #define REQ_OP_WRITE	1U
 #define REQ_SYNC	(1U << 8)
@@ -251,10 +270,14 @@ struct bio {
 	struct { u64 bi_sector; } bi_iter;
 	unsigned int n;
 	struct page *pages[BIO_MAX_VECS];
+	blk_status_t bi_status;
+	void *bi_private;
+	void (*bi_end_io)(struct bio *bio);
 };
 struct bio *bio_alloc(struct block_device *bdev, unsigned int nr, blk_opf_t opf, int gfp);
 void __bio_add_page(struct bio *bio, struct page *page, unsigned int len, unsigned int off);
 int submit_bio_wait(struct bio *bio);
+void submit_bio(struct bio *bio);
 void bio_put(struct bio *bio);
 
 /* An xarray of value entries: enough for a map overlay. */
