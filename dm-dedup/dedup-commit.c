@@ -761,14 +761,14 @@ static void dd_join_open(struct dedup_c *dc)
 }
 
 /*
- * The append and its data flush are done and succeeded: the flush
- * requests that joined it complete now, from the completion of the last
- * of the two, rather than after the commit worker is woken (a hop of
- * 100 to 200 us under TCG). The worker finds them gone (dd_join_close).
- * On any failure they are left to it, which fails them.
+ * The append and the data flushes it waits for are done and succeeded:
+ * the flush requests that joined it complete now, from the completion of
+ * the last of them, rather than after the commit worker is woken (a hop
+ * of 100 to 200 us under TCG). The worker finds them gone
+ * (dd_join_close). On any failure they are left to it, which fails them.
  */
 struct dd_append {
-	struct dd_io_group group;	/* the journal blocks, the data flush */
+	struct dd_io_group group;	/* the journal blocks, the data flushes */
 	struct dedup_c *dc;
 	bool ended;			/* joined requests completed here */
 };
@@ -843,7 +843,7 @@ static int dd_flush(struct dedup_c *dc, bool *joined)
 	int r, fr = 0;
 
 	*joined = false;
-	/* One part is the journal blocks; the data flush adds its own. */
+	/* One part is the journal blocks; each data flush adds its own. */
 	dd_io_group_init(&a.group, 1, dd_append_durable);
 	mutex_lock(&dc->commit_mutex);
 	r = dd_commit_needed(dc, &dirty);
