@@ -555,14 +555,18 @@ static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f,
 	f->sent = true;
 }
 
-/* Did a flush sent ahead fail? Then data written before it may be lost. */
+/*
+ * Did a flush sent ahead fail? Then data written before it may be lost.
+ * Also asked from a completion (dd_append_durable).
+ */
 static int dd_data_flush_ahead_error(struct dedup_c *dc)
 {
+	unsigned long flags;
 	int r;
 
-	spin_lock_irq(&dc->flush_lock);
+	spin_lock_irqsave(&dc->flush_lock, flags);
 	r = dc->ahead_error;
-	spin_unlock_irq(&dc->flush_lock);
+	spin_unlock_irqrestore(&dc->flush_lock, flags);
 	return r;
 }
 
@@ -780,15 +784,9 @@ static void dd_append_durable(struct dd_io_group *g, bool failed)
 	struct bio_list joined;
 	unsigned long flags;
 	struct bio *bio;
-	int ahead_error;
 
-	if (failed)
-		return;
-	/* As dd_data_flush_end(): an earlier flush sent ahead failed. */
-	spin_lock_irqsave(&dc->flush_lock, flags);
-	ahead_error = dc->ahead_error;
-	spin_unlock_irqrestore(&dc->flush_lock, flags);
-	if (ahead_error)
+	/* As dd_data_flush_end(): also an earlier flush sent ahead failed. */
+	if (failed || dd_data_flush_ahead_error(dc))
 		return;
 	spin_lock_irqsave(&dc->commit_lock, flags);
 	dc->join_open = false;
