@@ -324,10 +324,15 @@ static void dd_flush_ahead_endio(struct bio *bio)
 
 	bio_uninit(bio);
 	spin_lock_irqsave(&dc->flush_lock, flags);
-	if (!r)
-		dd_data_flush_succeeded(dc, dc->ahead_count);
-	else if (!dc->ahead_error)
+	/*
+	 * After a failed flush the count stays where the last success before
+	 * it left it: a later success does not bring back what the device may
+	 * have dropped.
+	 */
+	if (r && !dc->ahead_error)
 		dc->ahead_error = r;
+	else if (!r && !dc->ahead_error)
+		dd_data_flush_succeeded(dc, dc->ahead_count);
 	group = dc->ahead_group;
 	spin_unlock_irqrestore(&dc->flush_lock, flags);
 	/*
@@ -586,7 +591,8 @@ static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
 	if (!f->sent && dd_data_flush_covers(dc, f->count)) {
 		WRITE_ONCE(dc->data_flushes_skipped,
 			   dc->data_flushes_skipped + 1);
-		return 0;
+		/* Covered before a flush ahead failed: still the next append fails. */
+		return dd_data_flush_ahead_error(dc);
 	}
 	if (f->sent) {
 		wait_for_completion_io(&f->done);

@@ -165,13 +165,17 @@ def test_failed_data_flush_rolls_back_and_leaves_nothing_to_write(backing, seed)
 
 def test_a_failed_flush_sent_ahead_fails_the_next_append(backing, seed):
     """The data device is flushed ahead when a writer that flushes after
-    each write goes idle. If that flush fails, a flush that succeeds later
-    does not prove the writes it was to cover durable (the disk may have
-    dropped them with its cache): the fsync that relied on it fails, and
-    the device goes read-only. The data disk sits under dm-delay, which
-    holds the flush sent ahead (and every data write) 4 s, long enough to
-    switch in a layer that fails it, and to switch that layer out again
-    before the fsync."""
+    each write goes idle, and the write's records are appended ahead with
+    that flush. If the flush fails, the append fails with it and the
+    device goes read-only before the writer's fsync arrives, which then
+    fails too: the disk may have dropped the writes the flush was to cover
+    with its cache. The data disk sits under dm-delay, which holds the
+    flush sent ahead (and every data write) 4 s, long enough to switch in
+    a layer that fails it, and to switch that layer out again before the
+    fsync. (A flush that succeeds after the failed one proves nothing
+    about those writes either, dd_flush_ahead_endio; no test here: only
+    an append begun between the two flushes' completions would rely on
+    it, a window no test can hold open.)"""
     meta = backing.loop(16, "meta")
     data_raw = backing.loop(64, "data")
     under, sectors = ddlib.dm_linear("ddtfaunder", data_raw)
@@ -192,6 +196,9 @@ def test_a_failed_flush_sent_ahead_fails_the_next_append(backing, seed):
             sectors, data_raw))
         time.sleep(5)
         ddlib.dm_swap_table("ddtfaunder", "0 %d linear %s 0" % (sectors, data_raw))
+        st = dd.stats()
+        assert st["mode"] == "ro" and int(st["appends_ahead"]) == 1, \
+            "the append sent ahead with the failed flush did not fail: %s" % st
         with pytest.raises(OSError):
             bd.fsync()
     st = dd.status()
