@@ -65,6 +65,20 @@ static void dd_write_callback(struct dm_buffer *buf)
 		set_bit(DD_BM_BACKGROUND_WRITE, &aux->bm->flags);
 }
 
+/*
+ * A device's error as this module reports it: -EIO. The block layer's
+ * errnos overlap codes that mean something here (a medium error is
+ * -ENODATA, which a map lookup returns for an unmapped block and the
+ * journal's take for an empty append; BLK_STS_NOSPC is -ENOSPC, a full
+ * device; a protection error is -EILSEQ, damage), and a failed read or
+ * write must never pass for one of them. The block layer logged the
+ * device's own error.
+ */
+static int dd_device_error(int r)
+{
+	return r ? -EIO : 0;
+}
+
 int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
 {
 	struct dd_bm *bm;
@@ -231,7 +245,7 @@ int dd_bm_read_raw(struct dd_bm *bm, u64 nr, struct dd_block *blk)
 
 	data = dm_bufio_read(bm->bufio, nr, &buf);
 	if (IS_ERR(data))
-		return PTR_ERR(data);
+		return dd_device_error(PTR_ERR(data));
 	dd_set_block(bm, blk, buf, data, nr);
 	return 0;
 }
@@ -266,7 +280,7 @@ int dd_bm_read_cached(struct dd_bm *bm, u64 nr,
 		return r;
 	data = dm_bufio_get(bm->bufio, nr, &buf);
 	if (IS_ERR(data))
-		return PTR_ERR(data);
+		return dd_device_error(PTR_ERR(data));
 	if (!data)
 		return -EWOULDBLOCK;
 	dd_set_block(bm, blk, buf, data, nr);
@@ -307,7 +321,7 @@ static int dd_bm_get_new(struct dd_bm *bm, struct dd_block *blk)
 	data = dm_bufio_new(bm->bufio, nr, &buf);
 	if (IS_ERR(data)) {
 		dd_space_free_now(&bm->space, nr);
-		return PTR_ERR(data);
+		return dd_device_error(PTR_ERR(data));
 	}
 	dd_mark_fresh(bm, nr);
 	dd_set_block(bm, blk, buf, data, nr);
@@ -414,7 +428,7 @@ int dd_bm_write_all(struct dd_bm *bm)
 	r = dm_bufio_write_dirty_buffers(bm->bufio);
 	atomic_dec(&bm->writing_out);
 	ahead = xchg(&bm->ahead_error, 0);
-	return ahead ?: r;
+	return ahead ?: dd_device_error(r);
 }
 
 /*
@@ -432,7 +446,7 @@ void dd_bm_write_ahead(struct dd_bm *bm)
 	int r;
 
 	atomic_inc(&bm->writing_out);
-	r = dm_bufio_write_dirty_buffers(bm->bufio);
+	r = dd_device_error(dm_bufio_write_dirty_buffers(bm->bufio));
 	atomic_dec(&bm->writing_out);
 	if (r) {
 		cmpxchg(&bm->ahead_error, 0, r);
@@ -471,7 +485,7 @@ int dd_bm_write_super(struct dd_bm *bm, const struct dd_superblock *sb)
 
 	data = dm_bufio_new(bm->bufio, slot, &buf);
 	if (IS_ERR(data))
-		return PTR_ERR(data);
+		return dd_device_error(PTR_ERR(data));
 	dd_set_block(bm, &blk, buf, data, slot);
 	memset(data, 0, DD_BLOCK_SIZE);
 	memcpy(data, sb, sizeof(*sb));
@@ -521,7 +535,7 @@ static int dd_bm_io(struct dd_bm *bm, blk_opf_t opf, u64 first,
 		/* As submit_bio_wait(): a stalled disk is not a hung task. */
 		while (!wait_for_completion_io_timeout(&w.done, 10 * HZ))
 			;
-		r = blk_status_to_errno(bio->bi_status);
+		r = dd_device_error(blk_status_to_errno(bio->bi_status));
 		bio_put(bio);
 		first += n;
 		pages += n;

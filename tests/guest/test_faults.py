@@ -290,3 +290,147 @@ def test_damage_found_while_running_stays_flagged(backing, seed):
         bd.write(nb + 10, block_data(seed, 99999))
         bd.fsync()
         assert bd.read(nb + 10) == block_data(seed, 99999)
+
+
+# ---------------------------------------------------------------------------
+# medium errors: the block layer's -ENODATA is not "unmapped"
+# ---------------------------------------------------------------------------
+SCSI_READ10, SCSI_WRITE10 = 0x28, 0x2a
+
+
+class MediumErrorDisk:
+    """A scsi_debug disk whose reads or writes can be made to fail with a
+    medium error (sense MEDIUM ERROR, UNRECOVERED READ ERROR), which the
+    block layer reports as BLK_STS_MEDIUM, errno -ENODATA, as it does for
+    an NVMe drive's write fault or unrecovered read. That errno is also
+    what the target's map lookup returns for an unmapped block and its
+    journal for an empty append: a device error must never pass for
+    either (dedup-block.c, dd_device_error)."""
+
+    def __init__(self, size_mib):
+        assert not ddlib.module_loaded("scsi_debug"), "scsi_debug left loaded"
+        run(["modprobe", "scsi_debug", "dev_size_mb=%d" % size_mib, "num_tgts=1",
+             "max_luns=1"])
+        ddlib.udev_settle()
+        found = []
+        for _ in range(100):
+            found = [p for p in os.listdir("/sys/block") if os.path.isdir(
+                "/sys/block/%s/device/scsi_disk" % p) and "scsi_debug" in open(
+                    "/sys/block/%s/device/model" % p).read()]
+            if found:
+                break
+            time.sleep(0.1)
+        assert len(found) == 1, "no scsi_debug disk appeared: %s" % os.listdir("/sys/block")
+        self.path = "/dev/" + found[0]
+        self.hctl = os.path.basename(os.path.realpath("/sys/block/%s/device" % found[0]))
+        if not os.path.ismount("/sys/kernel/debug"):
+            run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"])
+        self.ctl = "/sys/kernel/debug/scsi_debug/%s/error" % self.hctl
+        assert os.path.exists(self.ctl), "scsi_debug has no error injection: " + self.ctl
+
+    def fail(self, opcode):
+        """Every command @opcode fails from now on, until heal()."""
+        with open(self.ctl, "w") as f:
+            # ERR_FAIL_CMD, count 1 (kept: positive counts never run out),
+            # opcode, host 0, driver 0, CHECK CONDITION, MEDIUM ERROR, 0x11 0x00
+            f.write("2 1 0x%x 0x0 0x0 0x2 0x3 0x11 0x0\n" % opcode)
+
+    def heal(self, opcode):
+        with open(self.ctl, "w") as f:
+            f.write("- 2 0x%x\n" % opcode)
+
+    def close(self):
+        ddlib.udev_settle()
+        for _ in range(50):
+            if run(["rmmod", "scsi_debug"], check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise AssertionError("scsi_debug stays in use")
+
+
+@pytest.fixture
+def medium_disk(backing):
+    disk = MediumErrorDisk(16)
+    yield disk
+    ddlib.remove_dm_devices()
+    disk.close()
+
+
+def test_medium_error_reading_the_map_fails_the_read(backing, medium_disk, seed):
+    """A map leaf cannot be read (a medium error on the metadata disk): a
+    read of a block it maps fails with EIO instead of returning zeros, and
+    a zero write over such a block either fails or really unmaps it. Once
+    the disk reads again, so does the device, with its data."""
+    data = backing.loop(DATA_MIB, "data")
+    logical = LOGICAL_MIB * ddlib.MIB // 512
+    dd = DedupDev.create("ddtfmed", medium_disk.path, data, logical,
+                         ["commit_interval", "3600"])
+    # Far from the first map leaf, which activation reads.
+    first = 30000
+    written = {lba: block_data(seed, lba) for lba in range(first, first + 8)}
+    with BlockDev(dd.path) as bd:
+        bd.write_range(first, list(written.values()))
+        bd.fsync()
+    dd.commit()
+    dd.remove()
+    dd.activate()                       # that leaf not in the cache
+    medium_disk.fail(SCSI_READ10)
+    with BlockDev(dd.path) as bd:
+        with pytest.raises(OSError) as e:
+            got = bd.read(first + 3)
+            pytest.fail("a read whose map entry could not be read returned %s" % (
+                "zeros" if got == ddlib.ZERO else "data"))
+        assert e.value.errno == errno.EIO, e.value
+        try:
+            bd.write(first + 5, ddlib.ZERO)
+            zeroed = True
+        except OSError:
+            zeroed = False
+        medium_disk.heal(SCSI_READ10)
+        for lba, d in written.items():
+            want = ddlib.ZERO if lba == first + 5 and zeroed else d
+            assert bd.read(lba) == want, "lba %d after the disk healed (zero write %s)" % (
+                lba, "completed" if zeroed else "failed")
+    dd.remove()
+    p = run([ddlib.DEDUP_BIN, "check", medium_disk.path, "--data", data], check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_medium_error_writing_the_journal_fails_the_flush(backing, medium_disk, seed):
+    """The append's journal block cannot be written (a medium error): the
+    flush request that needed it fails and the device goes read-only,
+    rather than the flush completing as if the append had been empty.
+    After the disk heals the device reopens without the unflushed block."""
+    data = backing.loop(DATA_MIB, "data")
+    logical = LOGICAL_MIB * ddlib.MIB // 512
+    dd = DedupDev.create("ddtfmedw", medium_disk.path, data, logical,
+                         ["commit_interval", "3600"])
+    with BlockDev(dd.path) as bd:
+        # Two idle moments before the request: it arms no append ahead,
+        # so the fsync below makes the append itself.
+        bd.write(0, block_data(seed, 0))
+        bd.write(1, block_data(seed, 1))
+        bd.fsync()
+        before = dd.stats()
+        medium_disk.fail(SCSI_WRITE10)
+        bd.write(10, block_data(seed, 10))
+        st = dd.stats()
+        assert (st["mode"], st["appends_ahead"], st["journal_appends"]) == \
+            ("rw", before["appends_ahead"], before["journal_appends"]), \
+            "something was appended before the fsync: the test does not test what it says"
+        with ddlib.Kmsg() as k:
+            with pytest.raises(OSError):
+                bd.fsync()
+            lines = k.lines()
+    assert dd.status()["mode"] == "ro"
+    assert any("journal append" in l for l in lines), lines[-8:]
+    medium_disk.heal(SCSI_WRITE10)
+    dd.remove()
+    dd.activate()
+    assert dd.status()["mode"] == "rw"
+    with BlockDev(dd.path) as bd:
+        assert bd.read(0) == block_data(seed, 0) and bd.read(1) == block_data(seed, 1)
+        assert bd.read(10) == ddlib.ZERO, "the block whose append failed came back"
+    dd.remove()
+    p = run([ddlib.DEDUP_BIN, "check", medium_disk.path, "--data", data], check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
