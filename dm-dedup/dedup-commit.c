@@ -377,6 +377,7 @@ static void dd_flush_ahead(struct dedup_c *dc, bool idle)
 	dc->ahead_armed = false;
 	dc->ahead_inflight = true;
 	dc->ahead_count = done;
+	dc->ahead_sent++;
 	spin_unlock_irq(&dc->flush_lock);
 
 	/* Ours until its completion: only one is on its way at a time. */
@@ -501,7 +502,7 @@ struct dd_data_flush {
 	struct dd_io_group *group;	/* of the append that needs it */
 	u64 count;		/* data_writes_done when it began */
 	bool sent;		/* bio is ours and on its way */
-	bool ahead;		/* group has a part in the flush sent ahead */
+	u64 ahead;		/* 0, or ahead_sent of one on its way then */
 };
 
 static void dd_data_flush_endio(struct bio *bio)
@@ -518,7 +519,9 @@ static void dd_data_flush_endio(struct bio *bio)
  * @group (or NULL): the append that needs the flush. The flush we send
  * is a part of it, and so is a flush sent ahead that is on its way, even
  * one that does not cover ours: if it fails, so does the append
- * (dd_flush_ahead), and the group must not end before it is known.
+ * (dd_flush_ahead), and the group must not end before it is known. A
+ * commit waits for such a flush too: the device may have processed it
+ * first, failed it and dropped what it held, and then completed ours.
  */
 static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f,
 				struct dd_io_group *group)
@@ -532,10 +535,10 @@ static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f,
 	f->count = atomic64_read(&dc->data_writes_done);
 	f->sent = false;
 	f->group = group;
-	f->ahead = false;
 	spin_lock_irq(&dc->flush_lock);
 	stable = dd_data_stable(dc, f->count);
 	ahead = !stable && dc->ahead_inflight && dc->ahead_count >= f->count;
+	f->ahead = dc->ahead_inflight ? dc->ahead_sent : 0;
 	/*
 	 * dd_data_flush_end() waits until its completion let the group go.
 	 * If that completion already looked for a group (a narrow window),
@@ -545,7 +548,6 @@ static void dd_data_flush_begin(struct dedup_c *dc, struct dd_data_flush *f,
 	if (group && dc->ahead_inflight && !dc->ahead_error) {
 		dd_io_group_get(group);
 		dc->ahead_group = group;
-		f->ahead = true;
 	}
 	spin_unlock_irq(&dc->flush_lock);
 	if (stable || ahead)
@@ -582,9 +584,14 @@ static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
 
 	lockdep_assert_held(&dc->commit_mutex);
 	if (f->ahead) {
-		/* Its completion may still put our group: see dd_flush_ahead_endio. */
+		/*
+		 * Its error is ours, and its completion may still put our
+		 * group: see dd_flush_ahead_endio.
+		 */
 		spin_lock_irq(&dc->flush_lock);
-		wait_event_lock_irq(dc->ahead_wait, dc->ahead_group != f->group,
+		wait_event_lock_irq(dc->ahead_wait,
+				    !dc->ahead_inflight ||
+				    dc->ahead_sent != f->ahead,
 				    dc->flush_lock);
 		spin_unlock_irq(&dc->flush_lock);
 	}
@@ -1052,6 +1059,7 @@ void dd_commit_init(struct dedup_c *dc)
 	dc->append_armed = false;
 	dc->ahead_idles = 0;
 	dc->ahead_inflight = false;
+	dc->ahead_sent = 0;
 	dc->ahead_group = NULL;
 	dc->ahead_error = 0;
 	init_waitqueue_head(&dc->ahead_wait);

@@ -150,7 +150,7 @@ struct dedup_c {
 	 * What the data flushes covered, and the one sent before a flush
 	 * request needs it (dd_flush_ahead)
 	 */
-	spinlock_t flush_lock;		/* protects the seven below */
+	spinlock_t flush_lock;		/* protects the eight below */
 	/* the newest data_writes_done a flush that succeeded was sent at */
 	u64 data_writes_flushed;
 	bool ahead_armed;		/* by the last flush request */
@@ -158,6 +158,7 @@ struct dedup_c {
 	unsigned int ahead_idles;	/* dd_writes_idle() since that request */
 	bool ahead_inflight;		/* ahead_bio is on its way */
 	u64 ahead_count;		/* data_writes_done when it was sent */
+	u64 ahead_sent;			/* how many were sent: names each */
 	int ahead_error;		/* one sent ahead failed: never cleared */
 	struct bio ahead_bio;
 	struct dd_io_group *ahead_group;	/* an append's, put at its end */
