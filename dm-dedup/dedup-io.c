@@ -112,11 +112,15 @@ static void dd_read_work(struct work_struct *w)
 
 	down_read(&dc->lock);
 	r = dd_md_lookup(dc->md, io->lba, &pba, false);
-	r = dd_read_run(dc, io, r, pba);
-	up_read(&dc->lock);
-	/* Mapped, or the block read: a later write may go ahead. */
+	/*
+	 * Looked up: a later write may go ahead. Before dd_read_run(), which
+	 * may end the bio and free @io with its cell; the block it found
+	 * cannot be reused before the read is tracked, under the lock held.
+	 */
 	if (io->flags & DD_IO_READ_BEHIND)
 		dd_cell_leave(&dc->cells, &io->cell);
+	r = dd_read_run(dc, io, r, pba);
+	up_read(&dc->lock);
 	if (r == DM_MAPIO_REMAPPED)
 		dm_submit_bio_remap(dd_bio(io), NULL);
 }
@@ -147,10 +151,13 @@ static bool dd_read_behind_write(struct dedup_c *dc, struct dd_io *io)
 	if (nr > 1)
 		dm_accept_partial_bio(bio, DD_SECTORS_PER_BLOCK);
 	INIT_WORK(&io->work, dd_read_work);
-	if (!dd_cell_enter_behind(&dc->cells, &io->cell, io->lba, io->lba + 1,
-				  dd_io_turn_ready))
-		return false;	/* the write to this block left meanwhile */
+	/* Before the cell is entered: its worker may run at once. */
 	io->flags |= DD_IO_READ_BEHIND;
+	if (!dd_cell_enter_behind(&dc->cells, &io->cell, io->lba, io->lba + 1,
+				  dd_io_turn_ready)) {
+		io->flags &= ~DD_IO_READ_BEHIND;
+		return false;	/* the write to this block left meanwhile */
+	}
 	return true;
 }
 
