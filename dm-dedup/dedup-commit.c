@@ -645,8 +645,10 @@ static int dd_commit_metadata(struct dedup_c *dc, int flush_error)
 	/*
 	 * Blocks freed in the last transaction become reusable at this
 	 * commit; a read that looked one up before it was freed must not see
-	 * new content. New lookups are excluded by the lock.
+	 * new content. New lookups are excluded by the lock; a verify read
+	 * made without it finds commit_seq moved (dd_share).
 	 */
+	dc->commit_seq++;
 	if (dd_md_data_reusable_at_commit(dc->md))
 		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
 	r = dd_md_commit(dc->md, NULL, NULL);
@@ -1034,6 +1036,7 @@ void dd_commit_init(struct dedup_c *dc)
 	mutex_init(&dc->commit_mutex);
 	dc->flush_seq = 0;
 	dc->committed_seq = 0;
+	dc->commit_seq = 0;
 	dc->data_flushes_skipped = 0;
 	dc->commit_hold_ns = 0;
 	dc->commit_hold_max_ns = 0;

@@ -361,7 +361,7 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 		 * the metadata lock: mixing shared and exclusive trips makes
 		 * writers queue behind each other.)
 		 */
-		u64 seq = dc->committed_seq;
+		u64 seq = dc->commit_seq;
 
 		r = dd_md_holds(dc->md, pba, b->fp);
 		if (r <= 0)
@@ -369,7 +369,7 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 		up_read(&dc->lock);
 		r = dd_same_content(dc, b, pba);
 		down_read(&dc->lock);
-		if (dc->committed_seq != seq)
+		if (dc->commit_seq != seq)
 			continue;	/* the block may have been reused */
 		if (r < 0)
 			return DD_COPY;	/* unreadable: store a copy of its own */

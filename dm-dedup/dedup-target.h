@@ -110,9 +110,10 @@ struct dedup_c {
 	u64 activation_ms;	/* opening the metadata and the index */
 
 	/* dedup-commit.c */
-	struct mutex commit_mutex;	/* a whole commit, and the five below */
+	struct mutex commit_mutex;	/* a whole commit, and the six below */
 	u64 flush_seq;		/* data flushes a commit started */
 	u64 committed_seq;	/* ... and finished; under lock too */
+	u64 commit_seq;		/* tree commits, which reuse; under lock too */
 	u64 data_flushes_skipped;	/* of flush_seq, those not sent */
 	/* how long commits held writers out, in total and at most at once */
 	u64 commit_hold_ns;
