@@ -65,20 +65,6 @@ static void dd_write_callback(struct dm_buffer *buf)
 		set_bit(DD_BM_BACKGROUND_WRITE, &aux->bm->flags);
 }
 
-/*
- * A device's error as this module reports it: -EIO. The block layer's
- * errnos overlap codes that mean something here (a medium error is
- * -ENODATA, which a map lookup returns for an unmapped block and the
- * journal's take for an empty append; BLK_STS_NOSPC is -ENOSPC, a full
- * device; a protection error is -EILSEQ, damage), and a failed read or
- * write must never pass for one of them. The block layer logged the
- * device's own error.
- */
-static int dd_device_error(int r)
-{
-	return r ? -EIO : 0;
-}
-
 int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
 {
 	struct dd_bm *bm;

@@ -132,6 +132,20 @@ u32 dd_block_csum(const void *data);
 bool dd_block_csum_ok(const void *data);
 
 /* For log lines: the device's name; KUnit's block managers have none. */
+/*
+ * A device's error as this module reports it: -EIO. The block layer's
+ * errnos overlap codes that mean something here (a medium error is
+ * -ENODATA, which a map lookup returns for an unmapped block and the
+ * journal's take for an empty append; BLK_STS_NOSPC is -ENOSPC, a full
+ * device; a protection error is -EILSEQ, damaged metadata), and a failed
+ * read, write or flush must never pass for one of them. The block layer
+ * logged the device's own error.
+ */
+static inline int dd_device_error(int r)
+{
+	return r ? -EIO : 0;
+}
+
 static inline const char *dd_bm_name(const struct dd_bm *bm)
 {
 	return bm->name ?: "metadata";

@@ -318,7 +318,7 @@ static void dd_flush_ahead_endio(struct bio *bio)
 {
 	struct dedup_c *dc = bio->bi_private;
 	blk_status_t status = bio->bi_status;
-	int r = blk_status_to_errno(status);
+	int r = dd_device_error(blk_status_to_errno(status));
 	struct dd_io_group *group;
 	unsigned long flags;
 
@@ -603,13 +603,13 @@ static int dd_data_flush_end(struct dedup_c *dc, struct dd_data_flush *f)
 	}
 	if (f->sent) {
 		wait_for_completion_io(&f->done);
-		r = blk_status_to_errno(f->bio.bi_status);
+		r = dd_device_error(blk_status_to_errno(f->bio.bi_status));
 		bio_uninit(&f->bio);
 	} else {
 		/* It was to cover ours: it failed, or dd_data_flush_covers waited. */
 		r = dd_data_flush_ahead_error(dc);
 		if (!r)
-			r = blkdev_issue_flush(dc->data_dev->bdev);
+			r = dd_device_error(blkdev_issue_flush(dc->data_dev->bdev));
 	}
 	if (!r)
 		r = dd_data_flush_ahead_error(dc);
