@@ -636,10 +636,12 @@ static void dd_replay_dropped(struct dd_metadata *md)
 
 /*
  * The journal of the state read, in memory: read-only opens, and an
- * instance that aborted after appending. @verify checks the newest
- * append's data, if it was written unflushed; NULL: applied as it is.
+ * instance that aborted after appending. @verify (with @vctx) checks the
+ * newest append's data, if it was written unflushed; NULL: applied as it
+ * is.
  */
-static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify)
+static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify,
+			     void *vctx)
 {
 	struct dd_journal_geometry geo;
 	int r;
@@ -648,7 +650,7 @@ static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify
 	xa_destroy(&md->overlay);
 	md->overlaid = false;
 	r = dd_journal_replay(md->bm, &geo, dd_apply_overlay, md,
-			      verify, md->cfg.ctx, &md->replayed);
+			      verify, vctx, &md->replayed);
 	if (r) {
 		xa_destroy(&md->overlay);
 		return r;
@@ -728,7 +730,7 @@ static int dd_replay_read_only(struct dd_metadata *md, char **error)
 
 	if (md->journaled || !md->sb.journal_blocks)
 		return 0;
-	r = dd_replay_overlay(md, md->cfg.verify);
+	r = dd_replay_overlay(md, md->cfg.verify, md->cfg.ctx);
 	if (r) {
 		*error = "cannot replay the journal (see the lines above); run dedup check";
 		return r;
@@ -2212,6 +2214,24 @@ void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
 }
 
 /*
+ * After an abort, a block of the newest append whose data cannot be read
+ * counts as missing, and the append is dropped: its data flush had not
+ * been seen to succeed (dd_journal_unchecked), and an error would drop
+ * every append before it as well, which flush requests saw durable. An
+ * activation, which keeps what it decides, refuses instead.
+ */
+static int dd_abort_verify(void *ctx, u64 pba, const u8 *fp)
+{
+	struct dd_metadata *md = ctx;
+	int r = md->cfg.verify(md->cfg.ctx, pba, fp);
+
+	if (r < 0)
+		DMERR("%s: journal: data block %llu unreadable (%d): newest append dropped",
+		      dd_md_name(md), pba, r);
+	return r < 0 ? 1 : r;
+}
+
+/*
  * A change or a commit failed: from now on lookups see the last committed
  * state, exactly what a crash would leave, and nothing changes any more.
  * Its blocks are intact on disk; the running transaction's are not, and
@@ -2244,7 +2264,7 @@ static void dd_abort(struct dd_metadata *md)
 	 */
 	if (md->journaled && dd_journal_used(&md->jnl) &&
 	    dd_replay_overlay(md, dd_journal_unchecked(&md->jnl) ?
-			      md->cfg.verify : NULL))
+			      dd_abort_verify : NULL, md))
 		DMERR("%s: journal unreadable after the abort: reads show the last commit",
 		      dd_md_name(md));
 }

@@ -242,6 +242,49 @@ def test_fallback_keeps_acknowledged_appends_when_data_reads_fail(backing, seed,
     ddlib.dm_remove("ddtfbdata")
 
 
+def test_fallback_drops_only_the_newest_append_when_its_data_cannot_be_read(
+        backing, seed, kmsg_check):
+    """The data device fails everything, reads included, just before a
+    flush request: the append goes out beside its data flush, which
+    fails, and the target falls back to its last commit with the appends
+    made since. The newest one's data cannot be checked (reads fail): it
+    is dropped, as one whose data is missing would be. The appends before
+    it, which fsyncs saw durable, stay: an unreadable data block must not
+    take every acknowledged append down with the one in doubt."""
+    meta_raw = backing.loop(16, "meta")
+    data_raw = backing.loop(64, "data")
+    data, data_sectors = ddlib.dm_linear("ddtfndata", data_raw)
+    dd = ddlib.DedupDev.create("ddtfn", meta_raw, data, 128 * ddlib.MIB // 512,
+                               ["commit_interval", "3600"])
+    synced = {lba: ddlib.block_data(seed, lba) for lba in range(16)}
+    with ddlib.BlockDev(dd.path) as bd:
+        bd.write_range(0, list(synced.values()))
+        bd.fsync()                      # arms a flush and an append ahead
+        before = dd.stats()
+        bd.write(20, ddlib.block_data(seed, 20))
+        ddlib.wait_for_append_ahead(dd, before)   # ... taken by this write
+        bd.write(21, ddlib.block_data(seed, 21))  # left for the fsync
+        # dm-flakey always down, no features: every bio fails, flushes
+        # too (the error target takes no flushes: dm core completes them).
+        ddlib.dm_swap_table("ddtfndata", "0 %d flakey %s 0 0 1" % (data_sectors, data_raw))
+        with pytest.raises(OSError):
+            bd.fsync()
+    assert dd.status()["mode"] == "ro"
+    lines = kmsg_check.lines()
+    assert any("newest append dropped" in line for line in lines), \
+        "the newest append was not checked against the failing data device: %s" % lines[-8:]
+    lost = [line for line in lines if "reads show the last commit" in line]
+    assert not lost, lost
+    ddlib.dm_swap_table("ddtfndata", "0 %d linear %s 0" % (data_sectors, data_raw))
+    with ddlib.BlockDev(dd.path, readonly=True) as bd:
+        got = bd.read_range(0, 16)
+        assert bd.read(21) == ddlib.ZERO, "the dropped append's block reads"
+    assert [lba for lba in range(16) if got[lba] != synced[lba]] == [], \
+        "fsynced blocks lost to the fallback"
+    dd.remove()
+    ddlib.dm_remove("ddtfndata")
+
+
 # ---------------------------------------------------------------------------
 # a weak hash with verify tries every candidate (issue 12, review A6)
 # ---------------------------------------------------------------------------
