@@ -803,6 +803,13 @@ static void dd_append_durable(struct dd_io_group *g, bool failed)
 	/* As dd_data_flush_end(): also an earlier flush sent ahead failed. */
 	if (failed || dd_data_flush_ahead_error(dc))
 		return;
+	/*
+	 * An abort (dd_metadata_error: the mode first, then the journal read
+	 * back) may have read the journal before this append reached it, and
+	 * its reads would not show it: dd_flush fails the requests instead.
+	 */
+	if (READ_ONCE(dc->mode) != DD_MODE_RW)
+		return;
 	spin_lock_irqsave(&dc->commit_lock, flags);
 	dc->join_open = false;
 	joined = dc->joined;
@@ -917,6 +924,9 @@ static int dd_flush(struct dedup_c *dc, bool *joined)
 	} else if (r == -ENOSPC) {
 		r = dd_commit_locked(dc);
 	}
+	/* Durable, but an abort's reads may not show it: dd_append_durable(). */
+	if (!r && READ_ONCE(dc->mode) != DD_MODE_RW)
+		r = -EIO;
 	*joined = dd_join_close(dc, r) || a.ended;
 out:
 	mutex_unlock(&dc->commit_mutex);
