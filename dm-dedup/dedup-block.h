@@ -131,7 +131,6 @@ int dd_bm_write_blocks(struct dd_bm *bm, u64 first, struct page **pages,
 u32 dd_block_csum(const void *data);
 bool dd_block_csum_ok(const void *data);
 
-/* For log lines: the device's name; KUnit's block managers have none. */
 /*
  * A device's error as this module reports it: -EIO. The block layer's
  * errnos overlap codes that mean something here (a medium error is
@@ -146,6 +145,7 @@ static inline int dd_device_error(int r)
 	return r ? -EIO : 0;
 }
 
+/* For log lines: the device's name; KUnit's block managers have none. */
 static inline const char *dd_bm_name(const struct dd_bm *bm)
 {
 	return bm->name ?: "metadata";

@@ -331,7 +331,7 @@ static void dd_flush_ahead_endio(struct bio *bio)
 	 */
 	if (r && !dc->ahead_error)
 		dc->ahead_error = r;
-	else if (!r && !dc->ahead_error)
+	else if (!dc->ahead_error)
 		dd_data_flush_succeeded(dc, dc->ahead_count);
 	group = dc->ahead_group;
 	spin_unlock_irqrestore(&dc->flush_lock, flags);

@@ -562,6 +562,15 @@ def ensure_configfs():
         run(["mount", "-t", "configfs", "none", "/sys/kernel/config"])
 
 
+def ensure_debugfs():
+    """debugfs at /sys/kernel/debug (blktrace's relay files, scsi_debug's
+    error injection); returns its path."""
+    path = "/sys/kernel/debug"
+    if not os.path.ismount(path):
+        run(["mount", "-t", "debugfs", "none", path])
+    return path
+
+
 def ensure_configfs_nullb():
     if not os.path.isdir("/sys/kernel/config/nullb"):
         run(["modprobe", "null_blk", "nr_devices=0"])

@@ -23,8 +23,6 @@ from collections import namedtuple
 import ddlib
 from ddlib import BLOCK, run
 
-DEBUGFS = "/sys/kernel/debug"
-
 
 class Bio(namedtuple("Bio", "op preflush fua sector sectors seq")):
     """op: "R" read, "W" write, "D" discard, "F" flush request, "N" other.
@@ -64,8 +62,7 @@ class IoTrace:
         self._bios = {}
 
     def __enter__(self):
-        if not os.path.ismount(DEBUGFS):
-            run(["mount", "-t", "debugfs", "none", DEBUGFS])
+        ddlib.ensure_debugfs()
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         argv = ["blktrace", "-D", self.dir]

@@ -323,9 +323,7 @@ class MediumErrorDisk:
         assert len(found) == 1, "no scsi_debug disk appeared: %s" % os.listdir("/sys/block")
         self.path = "/dev/" + found[0]
         self.hctl = os.path.basename(os.path.realpath("/sys/block/%s/device" % found[0]))
-        if not os.path.ismount("/sys/kernel/debug"):
-            run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"])
-        self.ctl = "/sys/kernel/debug/scsi_debug/%s/error" % self.hctl
+        self.ctl = "%s/scsi_debug/%s/error" % (ddlib.ensure_debugfs(), self.hctl)
         assert os.path.exists(self.ctl), "scsi_debug has no error injection: " + self.ctl
 
     def fail(self, opcode):
