@@ -1100,6 +1100,7 @@ void dd_commit_stop(struct dedup_c *dc)
 {
 	cancel_delayed_work_sync(&dc->periodic_commit);
 	flush_workqueue(dc->wq);
+	flush_workqueue(dc->read_wq);
 	flush_workqueue(dc->commit_wq);
 	spin_lock_irq(&dc->flush_lock);
 	wait_event_lock_irq(dc->ahead_wait, !dc->ahead_inflight,

@@ -237,7 +237,7 @@ static int dd_read_go(struct dedup_c *dc, struct dd_io *io)
 		return DM_MAPIO_REMAPPED;
 	}
 	if (llist_add(&io->read_node, &dc->to_read))
-		queue_work(dc->wq, &dc->read_work);
+		queue_work(dc->read_wq, &dc->read_work);
 	return DM_MAPIO_SUBMITTED;
 }
 

@@ -97,6 +97,14 @@ struct dedup_c {
 	struct dd_data_pool data_pool;
 	struct bio_set bs;
 	struct workqueue_struct *wq;
+	/*
+	 * read_work's alone: a commit that makes freed blocks reusable
+	 * waits, with the transaction lock held exclusive, for the reads
+	 * in flight, some of which only read_work sends. On dc->wq it could
+	 * queue behind work items that wait for that lock, as many as the
+	 * queue runs at once, and never run.
+	 */
+	struct workqueue_struct *read_wq;
 	u64 logical_blocks;
 	u64 data_blocks;
 	unsigned int commit_interval;

@@ -357,6 +357,8 @@ static void dd_destroy(struct dedup_c *dc)
 		destroy_workqueue(dc->commit_wq);
 	if (dc->wq)
 		destroy_workqueue(dc->wq);
+	if (dc->read_wq)
+		destroy_workqueue(dc->read_wq);
 	if (dc->md)
 		dd_md_close(dc->md);
 	dd_index_exit(&dc->index);
@@ -585,8 +587,10 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (r)
 		goto bad;
 	dc->wq = alloc_workqueue("dedup-io", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+	dc->read_wq = alloc_workqueue("dedup-read", WQ_UNBOUND | WQ_MEM_RECLAIM,
+				      1);
 	dc->commit_wq = alloc_ordered_workqueue("dedup-commit", WQ_MEM_RECLAIM);
-	if (!dc->wq || !dc->commit_wq) {
+	if (!dc->wq || !dc->read_wq || !dc->commit_wq) {
 		ti->error = "Cannot allocate workqueues";
 		r = -ENOMEM;
 		goto bad;
