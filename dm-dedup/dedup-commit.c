@@ -973,7 +973,7 @@ int dd_journal_data_flush(void *ctx)
 	if (r)
 		DMERR("%s: journal: cannot flush the data device to check the newest append: %d",
 		      dd_name(dc), r);
-	return r;
+	return dd_device_error(r);
 }
 
 /*

@@ -72,7 +72,7 @@ int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page)
 	__bio_add_page(&bio, page, DD_BLOCK_SIZE, 0);
 	r = submit_bio_wait(&bio);
 	bio_uninit(&bio);
-	return r;
+	return dd_device_error(r);
 }
 
 /*

@@ -367,11 +367,12 @@ static void dd_destroy(struct dedup_c *dc)
 	mempool_exit(&dc->batch_pool);
 	mempool_exit(&dc->write_pool);
 	bioset_exit(&dc->bs);
-	if (dc->data_dev)
-		dm_put_device(dc->ti, dc->data_dev);
+	/* Off the list first: a constructor looks at its devices there. */
 	mutex_lock(&dd_instances_lock);
 	list_del(&dc->instance);
 	mutex_unlock(&dd_instances_lock);
+	if (dc->data_dev)
+		dm_put_device(dc->ti, dc->data_dev);
 	if (dc->meta_dev)
 		dm_put_device(dc->ti, dc->meta_dev);
 	kfree(dc);
