@@ -146,8 +146,8 @@ struct dd_superblock {
  */
 /*
  * The kernel makes a journal of DD_JOURNAL_BLOCKS, or what the metadata
- * device has room for, at least DD_JOURNAL_MAKE_MIN; it reads any of
- * DD_JOURNAL_MIN_BLOCKS or more.
+ * device has room for, at least DD_JOURNAL_MAKE_MIN; it reads any from
+ * DD_JOURNAL_MIN_BLOCKS to DD_JOURNAL_BLOCKS long.
  */
 #define DD_JOURNAL_BLOCKS	2048
 #define DD_JOURNAL_MAKE_MIN	64

@@ -231,7 +231,7 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
 	b->unflushed = j->geo.unflushed;
 	b->notify = NULL;
 	if (b->unflushed)
-		j->unchecked = true;
+		j->unchecked = b->first_seq;
 	j->next_seq += j->nr_pending;
 	j->nr_pending = 0;
 	j->used = 0;
@@ -285,13 +285,13 @@ void dd_journal_data_stable(struct dd_journal *j)
 {
 	mutex_lock(&j->lock);
 	WARN_ON_ONCE(j->writing);
-	j->unchecked = false;
+	j->unchecked = 0;
 	mutex_unlock(&j->lock);
 }
 
-bool dd_journal_unchecked(struct dd_journal *j)
+u64 dd_journal_unchecked(struct dd_journal *j)
 {
-	bool r;
+	u64 r;
 
 	mutex_lock(&j->lock);
 	r = j->unchecked;
@@ -320,17 +320,19 @@ u64 dd_journal_next_epoch(struct dd_journal *j)
 	return seq;
 }
 
-void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed)
+void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, u64 id,
+			     bool unflushed)
 {
 	mutex_lock(&j->lock);
 	WARN_ON_ONCE(j->writing);
 	j->geo.epoch = epoch;
+	j->geo.id = id;
 	/*
 	 * If the checkpoint's superblock has DD_SB_UNFLUSHED_APPENDS, its
 	 * appends may be written before their data is flushed.
 	 */
 	j->geo.unflushed = unflushed;
-	j->unchecked = false;
+	j->unchecked = 0;
 	j->next_seq = max(j->next_seq, epoch);
 	j->epoch_written = true;
 	j->overflow = false;
@@ -621,7 +623,7 @@ static int dd_replay_verify(struct dd_replay *rp, u64 first, u64 end,
 
 int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      dd_journal_apply_fn apply, void *ctx,
-		      dd_journal_verify_fn verify, void *vctx,
+		      dd_journal_verify_fn verify, void *vctx, u64 check_seq,
 		      struct dd_journal_replayed *out)
 {
 	struct dd_replay rp = { .bm = bm, .geo = geo };
@@ -639,6 +641,8 @@ int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		}
 	}
 	r = dd_replay_scan(&rp, out, &whole, &last, &unflushed);
+	if (check_seq && geo->epoch + last != check_seq)
+		unflushed = false;
 	if (!r && unflushed && verify) {
 		r = dd_replay_verify(&rp, last, whole, verify, vctx, out);
 		if (r > 0) {

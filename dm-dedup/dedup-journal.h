@@ -51,10 +51,11 @@ struct dd_journal {
 	bool overflow;		/* records were dropped: checkpoint next */
 	bool writing;		/* a batch was taken and is not written yet */
 	/*
-	 * The newest append was taken marked DD_JF_UNFLUSHED, and its data
-	 * flush is not known to have succeeded: replay must check it.
+	 * The first sequence number of the newest append, if it was taken
+	 * marked DD_JF_UNFLUSHED and its data flush is not known to have
+	 * succeeded: replay must check it. 0 if none.
 	 */
-	bool unchecked;
+	u64 unchecked;
 	struct page **spare;	/* written blocks kept for reuse */
 	unsigned int nr_spare;
 	u64 appends;
@@ -92,15 +93,20 @@ void dd_journal_drop_batch(struct dd_journal *j, struct dd_journal_batch *b);
 /* The epoch a checkpoint written now starts: the next append's seq. */
 u64 dd_journal_next_epoch(struct dd_journal *j);
 /*
- * The checkpoint naming @epoch is on disk: the records noted are in it.
- * @unflushed: its superblock has DD_SB_UNFLUSHED_APPENDS, so appends
- * after it are marked DD_JF_UNFLUSHED.
+ * The checkpoint naming @epoch and journal id @id is on disk: the records
+ * noted are in it, and appends after it carry @id. @unflushed: its
+ * superblock has DD_SB_UNFLUSHED_APPENDS, so appends after it are marked
+ * DD_JF_UNFLUSHED.
  */
-void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, bool unflushed);
+void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, u64 id,
+			     bool unflushed);
 /* The data the newest append points at was flushed since it was taken. */
 void dd_journal_data_stable(struct dd_journal *j);
-/* Must a replay of the journal as written check the newest append? */
-bool dd_journal_unchecked(struct dd_journal *j);
+/*
+ * Where the append starts that a replay of the journal as written must
+ * check (its first sequence number), or 0 if none must be.
+ */
+u64 dd_journal_unchecked(struct dd_journal *j);
 /* Blocks appended in the running epoch, and whether records wait. */
 u64 dd_journal_used(struct dd_journal *j);
 bool dd_journal_pending(struct dd_journal *j);
@@ -136,11 +142,14 @@ typedef int (*dd_journal_verify_fn)(void *ctx, u64 pba, const u8 *fp);
  * that continues the journal is malformed (damage, not its end). The
  * last append, if DD_JF_UNFLUSHED, is applied only if @verify finds the
  * data of every block it makes live (out->dropped if not); with no
- * @verify (no data device at hand) it is applied as it is.
+ * @verify (no data device at hand) it is applied as it is. A non-zero
+ * @check_seq narrows that to an append starting at @check_seq: the
+ * writer knows which append's data flush it did not see complete, and
+ * the appends before it were acknowledged.
  */
 int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      dd_journal_apply_fn apply, void *ctx,
-		      dd_journal_verify_fn verify, void *vctx,
+		      dd_journal_verify_fn verify, void *vctx, u64 check_seq,
 		      struct dd_journal_replayed *out);
 
 #endif

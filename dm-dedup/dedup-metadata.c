@@ -373,7 +373,8 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 	}
 	if (le32_to_cpu(sb->version) == DD_FORMAT_VERSION_V1 ?
 	    jstart || jblocks || sb->journal_seq || sb->journal_id :
-	    jblocks < DD_JOURNAL_MIN_BLOCKS || jstart < DD_FIRST_TREE_BLOCK ||
+	    jblocks < DD_JOURNAL_MIN_BLOCKS || jblocks > DD_JOURNAL_BLOCKS ||
+	    jstart < DD_FIRST_TREE_BLOCK ||
 	    jstart + jblocks > le64_to_cpu(sb->metadata_blocks) ||
 	    jstart + jblocks < jstart || !sb->journal_id) {
 		*error = "metadata superblock is damaged (journal fields)";
@@ -637,11 +638,11 @@ static void dd_replay_dropped(struct dd_metadata *md)
 /*
  * The journal of the state read, in memory: read-only opens, and an
  * instance that aborted after appending. @verify (with @vctx) checks the
- * newest append's data, if it was written unflushed; NULL: applied as it
- * is.
+ * newest append's data, if it was written unflushed and, with a non-zero
+ * @check_seq, starts there; NULL: applied as it is.
  */
 static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify,
-			     void *vctx)
+			     void *vctx, u64 check_seq)
 {
 	struct dd_journal_geometry geo;
 	int r;
@@ -650,7 +651,7 @@ static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify
 	xa_destroy(&md->overlay);
 	md->overlaid = false;
 	r = dd_journal_replay(md->bm, &geo, dd_apply_overlay, md,
-			      verify, vctx, &md->replayed);
+			      verify, vctx, check_seq, &md->replayed);
 	if (r) {
 		xa_destroy(&md->overlay);
 		return r;
@@ -695,7 +696,8 @@ static int dd_replay_trees(struct dd_metadata *md, char **error)
 	}
 	if (!r)
 		r = dd_journal_replay(md->bm, &geo, dd_apply, md,
-				      md->cfg.verify, md->cfg.ctx, &md->replayed);
+				      md->cfg.verify, md->cfg.ctx, 0,
+				      &md->replayed);
 	if (!r && md->replayed.blocks) {
 		down_write(&md->lock);
 		md->dirty = true;
@@ -730,7 +732,7 @@ static int dd_replay_read_only(struct dd_metadata *md, char **error)
 
 	if (md->journaled || !md->sb.journal_blocks)
 		return 0;
-	r = dd_replay_overlay(md, md->cfg.verify, md->cfg.ctx);
+	r = dd_replay_overlay(md, md->cfg.verify, md->cfg.ctx, 0);
 	if (r) {
 		*error = "cannot replay the journal (see the lines above); run dedup check";
 		return r;
@@ -866,15 +868,28 @@ static void dd_upgrade(struct dd_metadata *md)
  * reused (see dedup-space.h). A damaged other slot is rewritten too. Not
  * at DD_MAX_TXN, the last generation that loads: one more would make the
  * device unloadable before anything was written to it.
+ *
+ * The new generation names a new journal id, so that no block an earlier
+ * instance appended can continue this instance's journal, even at the
+ * same epoch. That happens after an activation that replayed nothing, if
+ * its generation is lost to damage before the next checkpoint: the older
+ * slot holds the same state at the epoch before, and the next instance
+ * starts its epoch where the lost one did (Documentation/dedup-format.rst,
+ * "Epochs and stale blocks").
  */
 static int dd_commit_loaded(struct dd_metadata *md, char **error)
 {
+	__le64 id = md->sb.journal_id;
 	int r;
 
+	if (md->journaled)
+		md->sb.journal_id = cpu_to_le64(get_random_u64() | 1);
 	md->dirty = true;
 	r = dd_md_commit(md, NULL, NULL);
-	if (r)
+	if (r) {
+		md->sb.journal_id = id;
 		*error = "cannot write the superblock";
+	}
 	return r;
 }
 
@@ -2072,6 +2087,7 @@ static int dd_write_state(struct dd_metadata *md, u64 saved_root,
 	dd_counters(md, md->durable_counters);
 	if (md->journaled)
 		dd_journal_checkpointed(&md->jnl, le64_to_cpu(sb.journal_seq),
+					le64_to_cpu(sb.journal_id),
 					le32_to_cpu(sb.flags) & DD_SB_UNFLUSHED_APPENDS);
 	md->checkpoints++;
 	dd_bm_next_txn(md->bm);
@@ -2218,7 +2234,9 @@ void dd_md_release_held(struct dd_metadata *md, dd_reusable_fn reusable,
  * counts as missing, and the append is dropped: its data flush had not
  * been seen to succeed (dd_journal_unchecked), and an error would drop
  * every append before it as well, which flush requests saw durable. An
- * activation, which keeps what it decides, refuses instead.
+ * activation, which keeps what it decides, refuses instead. Only that
+ * append is checked: if it never reached the journal whole, the last
+ * whole one there is an acknowledged append, applied as it is.
  */
 static int dd_abort_verify(void *ctx, u64 pba, const u8 *fp)
 {
@@ -2243,6 +2261,7 @@ static int dd_abort_verify(void *ctx, u64 pba, const u8 *fp)
 static void dd_abort(struct dd_metadata *md)
 {
 	const struct dd_superblock *sb = &md->sb;
+	u64 unchecked;
 
 	lockdep_assert_held_write(&md->lock);
 	/* A failed commit aborts, then its caller does: once is enough. */
@@ -2262,11 +2281,15 @@ static void dd_abort(struct dd_metadata *md)
 	 * have completed: an acknowledged append must not be lost to a
 	 * data device that fails its reads now.
 	 */
-	if (md->journaled && dd_journal_used(&md->jnl) &&
-	    dd_replay_overlay(md, dd_journal_unchecked(&md->jnl) ?
-			      dd_abort_verify : NULL, md))
+	if (!md->journaled || !dd_journal_used(&md->jnl))
+		return;
+	unchecked = dd_journal_unchecked(&md->jnl);
+	if (dd_replay_overlay(md, unchecked ? dd_abort_verify : NULL, md,
+			      unchecked))
 		DMERR("%s: journal unreadable after the abort: reads show the last commit",
 		      dd_md_name(md));
+	else
+		dd_replay_dropped(md);
 }
 
 void dd_md_abort(struct dd_metadata *md)

@@ -50,6 +50,22 @@ def copy_file(src, dst):
             g.write(b)
 
 
+def load_newest_damaged(name, snap, snap_file, data, opts):
+    """Damage the newest superblock slot of the copy at SNAP_FILE and load
+    it (as NAME, over DATA): the target must say it falls back. Returns
+    the device, both slots' transaction ids and the damaged slot."""
+    txns = slot_txns(snap_file)
+    newest = txns.index(max(txns))
+    damage(snap_file, newest)
+    k = ddlib.Kmsg()
+    dev = ddlib.DedupDev.create(ddlib.NAME_PREFIX + name, snap, data,
+                                LOGICAL_BLOCKS * ddlib.SECTORS_PER_BLOCK, opts)
+    assert any("superblock slot %d is damaged" % newest in line for line in k.lines()), \
+        "\n".join(k.lines())
+    k.close()
+    return dev, txns, newest
+
+
 @pytest.mark.parametrize("when", ["while_running", "after_a_crash_and_load"])
 def test_older_slot_never_reads_reused_data(backing, seed, when):
     meta = backing.loop(16, "meta")
@@ -88,16 +104,8 @@ def test_older_slot_never_reads_reused_data(backing, seed, when):
     copy_file(meta_file, snap_file)              # the medium at this moment
     dev.remove()
 
-    txns = slot_txns(snap_file)
-    newest = txns.index(max(txns))
-    damage(snap_file, newest)
-    k = ddlib.Kmsg()
-    ro = ddlib.DedupDev.create(ddlib.NAME_PREFIX + "fbro", snap, data,
-                               LOGICAL_BLOCKS * ddlib.SECTORS_PER_BLOCK,
-                               opts + ("read_only",))
-    assert any("superblock slot %d is damaged" % newest in line for line in k.lines()), \
-        "\n".join(k.lines())
-    k.close()
+    ro, txns, newest = load_newest_damaged("fbro", snap, snap_file, data,
+                                           opts + ("read_only",))
     assert ro.status()["transaction_id"] == txns[1 - newest]
     with BlockDev(ro.path, readonly=True) as b:
         got = b.read_range(0, LOGICAL_BLOCKS)
@@ -111,3 +119,60 @@ def test_older_slot_never_reads_reused_data(backing, seed, when):
     summary = json.loads(p.stdout)["summary"]
     assert summary["fingerprint_mismatches"] == 0, p.stdout + p.stderr
     assert summary["data_blocks_verified"] == DATA_BLOCKS - 1, p.stdout + p.stderr
+
+
+def test_a_lost_activation_never_continues_the_next_journal(backing, seed):
+    """An activation that replays nothing writes the loaded state as the
+    next generation and appends after it; its generation is then damaged
+    before any checkpoint. The next activation falls back to the older
+    slot, which holds the same state one epoch earlier, and starts its
+    epoch where the lost activation started. After one append of its own
+    and a crash, replay must stop after that append: the lost
+    activation's appends further on in the ring are not this journal's
+    (Documentation/dedup-format.rst, "Epochs and stale blocks")."""
+    # Not "meta*": the copies write to the same data device after it
+    # stops, so the cleanup's check of it would find its blocks reused.
+    meta = backing.loop(16, "first")
+    meta_file = backing.files[-1]
+    data = backing.loop(DATA_BLOCKS * BLOCK / MIB, "data")
+    snap = backing.loop(16, "snap")          # not "meta*": checked here, not at cleanup
+    snap_file = backing.files[-1]
+    crashed = backing.loop(16, "crashed")
+    crashed_file = backing.files[-1]
+    opts = ("commit_interval", "3600")
+    sectors = LOGICAL_BLOCKS * ddlib.SECTORS_PER_BLOCK
+    dev = ddlib.DedupDev.create(ddlib.NAME_PREFIX + "fj", meta, data, sectors, opts)
+    base = [block_data(seed, i) for i in range(8)]
+    with BlockDev(dev.path) as b:
+        b.write_range(0, base)
+        b.fsync()
+    dev.remove()                                 # a clean close: nothing to replay
+    dev.activate()
+    lost = {lba: block_data(seed, 100 + lba) for lba in range(10, 14)}
+    with BlockDev(dev.path) as b:
+        for lba, c in lost.items():              # an append each
+            b.write(lba, c)
+            b.fsync()
+    copy_file(meta_file, snap_file)              # the medium at a crash
+    dev.remove()
+
+    after, _, _ = load_newest_damaged("fja", snap, snap_file, data, opts)
+    new = block_data(seed, 1000)
+    with BlockDev(after.path) as b:
+        b.write(20, new)
+        b.fsync()
+    copy_file(snap_file, crashed_file)           # a second crash
+    after.remove()
+
+    ro = ddlib.DedupDev.create(ddlib.NAME_PREFIX + "fjro", crashed, data, sectors,
+                               opts + ("read_only",))
+    with BlockDev(ro.path, readonly=True) as b:
+        got = b.read_range(0, 32)
+    ro.remove()
+    assert got[20] == new, "the append after the fallback is lost"
+    back = [lba for lba in lost if got[lba] != ddlib.ZERO]
+    assert not back, "appends of the lost activation replayed: lbas %s read %s" % (
+        back, ["its data" if got[lba] == lost[lba] else "other data" for lba in back])
+    assert got[:8] == base
+    p = run([ddlib.DEDUP_BIN, "check", "--json", crashed, "--data", data], check=False)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -208,6 +208,35 @@ def test_a_failed_flush_sent_ahead_fails_the_next_append(backing, seed):
     ddlib.dm_remove("ddtfaunder")
 
 
+def switchable_stack(backing, tag):
+    """A dedup device (commit_interval 3600) over 16 MiB of metadata and
+    64 MiB of data, each behind a dm-linear device, ddtf<TAG>meta and
+    ddtf<TAG>data, whose table a test swaps for a faulty one (swap()).
+    Returns the device and, per kind, (backing loop, sectors)."""
+    paths, under = {}, {}
+    for kind, mib in (("meta", 16), ("data", 64)):
+        raw = backing.loop(mib, kind)
+        paths[kind], sectors = ddlib.dm_linear("ddtf%s%s" % (tag, kind), raw)
+        under[kind] = (raw, sectors)
+    dd = ddlib.DedupDev.create("ddtf" + tag, paths["meta"], paths["data"],
+                               128 * ddlib.MIB // 512, ["commit_interval", "3600"])
+    return dd, under
+
+
+def swap(tag, kind, under, target="linear", args=""):
+    """Give ddtf<TAG><KIND> TARGET (linear, or flakey with ARGS) over its
+    backing loop."""
+    raw, sectors = under[kind]
+    ddlib.dm_swap_table("ddtf%s%s" % (tag, kind),
+                        ("0 %d %s %s 0 %s" % (sectors, target, raw, args)).strip())
+
+
+def remove_stack(dd, tag):
+    dd.remove()
+    ddlib.dm_remove("ddtf%smeta" % tag)
+    ddlib.dm_remove("ddtf%sdata" % tag)
+
+
 def test_fallback_keeps_acknowledged_appends_when_data_reads_fail(backing, seed, kmsg_check):
     """A commit fails (metadata writes fail) while the data device fails
     too. The fallback shows the last commit with the appends made since.
@@ -215,31 +244,23 @@ def test_fallback_keeps_acknowledged_appends_when_data_reads_fail(backing, seed,
     completed before the fsync did: nothing about its data is in doubt,
     so it is not checked against the data device, whose reads fail here
     and would take every acknowledged append down with it."""
-    meta_raw = backing.loop(16, "meta")
-    data_raw = backing.loop(64, "data")
-    meta, meta_sectors = ddlib.dm_linear("ddtfbmeta", meta_raw)
-    data, data_sectors = ddlib.dm_linear("ddtfbdata", data_raw)
-    dd = ddlib.DedupDev.create("ddtfb", meta, data, 128 * ddlib.MIB // 512,
-                               ["commit_interval", "3600"])
+    dd, under = switchable_stack(backing, "b")
     blocks = {lba: ddlib.block_data(seed, lba) for lba in range(16)}
     with ddlib.BlockDev(dd.path) as bd:
         bd.write_range(0, [blocks[lba] for lba in range(16)])
         bd.fsync()
-    ddlib.dm_swap_table("ddtfbdata", "0 %d error" % data_sectors)
-    ddlib.dm_swap_table("ddtfbmeta", "0 %d flakey %s 0 0 1 1 error_writes" % (
-        meta_sectors, meta_raw))
+    ddlib.dm_swap_table("ddtfbdata", "0 %d error" % under["data"][1])
+    swap("b", "meta", under, "flakey", "0 1 1 error_writes")
     assert dd.message("commit", check=False).returncode != 0
     assert dd.status()["mode"] == "ro"
     lost = [line for line in kmsg_check.lines() if "reads show the last commit" in line]
     assert not lost, lost
-    ddlib.dm_swap_table("ddtfbdata", "0 %d linear %s 0" % (data_sectors, data_raw))
+    swap("b", "data", under)
     with ddlib.BlockDev(dd.path, readonly=True) as bd:
         got = bd.read_range(0, 16)
     assert [lba for lba in range(16) if got[lba] != blocks[lba]] == []
-    dd.remove()
-    ddlib.dm_swap_table("ddtfbmeta", "0 %d linear %s 0" % (meta_sectors, meta_raw))
-    ddlib.dm_remove("ddtfbmeta")
-    ddlib.dm_remove("ddtfbdata")
+    swap("b", "meta", under)
+    remove_stack(dd, "b")
 
 
 def test_fallback_drops_only_the_newest_append_when_its_data_cannot_be_read(
@@ -283,6 +304,45 @@ def test_fallback_drops_only_the_newest_append_when_its_data_cannot_be_read(
         "fsynced blocks lost to the fallback"
     dd.remove()
     ddlib.dm_remove("ddtfndata")
+
+
+def test_an_abort_before_the_newest_append_was_written_keeps_the_one_before(
+        backing, seed, kmsg_check):
+    """The newest append is taken but its journal block cannot be written
+    (the metadata device fails writes): the target aborts and falls back
+    to its last commit with the appends on disk. The newest append is the
+    one whose data flush was not seen; it is not on disk, so the last one
+    there is the append an fsync saw durable, and it must be applied as it
+    is, not checked against a data device that reads wrong at that moment
+    (here every read comes back with its first byte changed)."""
+    dd, under = switchable_stack(backing, "k")
+    synced = {lba: ddlib.block_data(seed, lba) for lba in range(16)}
+    acked = ddlib.block_data(seed, 31)
+    with ddlib.BlockDev(dd.path) as bd:
+        bd.write_range(0, list(synced.values()))
+        bd.fsync()
+        bd.write(31, acked)
+        bd.fsync()                      # the append with block 31 is durable
+        swap("k", "data", under, "flakey",
+             "0 1 5 corrupt_bio_byte 1 r %d 0" % (acked[0] ^ 0xFF))
+        swap("k", "meta", under, "flakey", "0 1 1 error_writes")
+        with pytest.raises(OSError):
+            bd.write(40, ddlib.block_data(seed, 40))
+            bd.fsync()
+    assert dd.status()["mode"] == "ro"
+    lines = kmsg_check.lines()
+    dropped = [line for line in lines if "dropped" in line
+               or "reads show the last commit" in line]
+    assert not dropped, dropped
+    swap("k", "data", under)
+    with ddlib.BlockDev(dd.path, readonly=True) as bd:
+        got = bd.read_range(0, 16)
+        assert bd.read(31) == acked, "an fsynced block lost to the fallback"
+        assert bd.read(40) == ddlib.ZERO, "a block of the append never written reads"
+    assert [lba for lba in range(16) if got[lba] != synced[lba]] == [], \
+        "fsynced blocks lost to the fallback"
+    swap("k", "meta", under)
+    remove_stack(dd, "k")
 
 
 # ---------------------------------------------------------------------------

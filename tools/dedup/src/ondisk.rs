@@ -827,8 +827,9 @@ impl Superblock {
     /// Why the journal fields cannot be what this version demands, as
     /// dd_check_sb() judges them (the kernel refuses the device: "journal
     /// fields"): in version 1 all four are 0; in version 2 the run holds
-    /// at least JOURNAL_MIN_BLOCKS blocks inside [2, metadata_blocks) and
-    /// the id is not 0. None for another version (refused on its own).
+    /// JOURNAL_MIN_BLOCKS to JOURNAL_BLOCKS blocks inside [2,
+    /// metadata_blocks) and the id is not 0. None for another version
+    /// (refused on its own).
     pub fn journal_fault(&self) -> Option<String> {
         let (start, n) = (self.journal_start, self.journal_blocks);
         match self.version {
@@ -846,6 +847,11 @@ impl Superblock {
                 if n < JOURNAL_MIN_BLOCKS {
                     return Some(format!(
                         "the journal has {n} blocks, fewer than {JOURNAL_MIN_BLOCKS}"
+                    ));
+                }
+                if n > JOURNAL_BLOCKS {
+                    return Some(format!(
+                        "the journal has {n} blocks, more than {JOURNAL_BLOCKS}"
                     ));
                 }
                 let end = start.checked_add(n);
@@ -1635,6 +1641,8 @@ mod tests {
             s.journal_fault().unwrap()
         };
         assert!(bad(|s| s.journal_blocks = 15).contains("fewer than 16"));
+        assert!(bad(|s| s.journal_blocks = 2049).contains("more than 2048"));
+        assert!(bad(|s| s.journal_blocks = 1 << 32).contains("more than 2048"));
         assert!(bad(|s| s.journal_start = 1).contains("not inside [2, 4000)"));
         assert!(bad(|s| s.journal_start = 4000 - 2047).contains("not inside"));
         assert!(bad(|s| s.journal_start = u64::MAX - 10).contains("not inside"));
