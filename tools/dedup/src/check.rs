@@ -1786,4 +1786,4 @@ pub fn render(report: &Report, device: &str) -> String {
 
 #[cfg(test)]
 #[path = "check_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -903,10 +903,10 @@ fn data_device_of_the_wrong_size_is_fatal() {
     assert!(pair.check().unwrap().clean());
 }
 
-/// A data device with one unreadable block.
-struct BadSector {
-    inner: MemDev,
-    bad: u64,
+/// A device with one unreadable block (repair's tests use it too).
+pub(crate) struct BadSector {
+    pub(crate) inner: MemDev,
+    pub(crate) bad: u64,
 }
 
 impl BlockDev for BadSector {

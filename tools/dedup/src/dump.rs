@@ -561,7 +561,13 @@ pub fn validate(d: &Dump, generation: Option<u64>, max: usize) -> Result<ImageSp
             continue;
         }
         let n = refs.remove(&b.pba).unwrap_or(0);
-        if b.refcount as u64 != n {
+        if b.refcount == 0 {
+            // The kernel reads a count of 0 as a free block.
+            bad(format!(
+                "block pba {}: refcount 0: a block record names a live block",
+                b.pba
+            ));
+        } else if b.refcount as u64 != n {
             bad(format!(
                 "block pba {}: refcount {} but {n} mappings point at it",
                 b.pba, b.refcount
@@ -702,6 +708,12 @@ pub fn restore_to(
             return Err((
                 EXIT_OPERATIONAL,
                 format!("the device holds valid dm-dedup metadata (slot {i}); use --force to overwrite it"),
+            ));
+        }
+        if let Some((i, why)) = crate::ondisk::damaged_slot(&slots) {
+            return Err((
+                EXIT_OPERATIONAL,
+                crate::ondisk::not_zeroed_text("the device", i, why),
             ));
         }
     }
@@ -899,6 +911,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.unwrap(), contents_of(&j.states[2]));
+    }
+
+    #[test]
+    fn a_block_record_with_refcount_zero_is_refused() {
+        // The kernel reads a count of 0 as free: such a record, counted
+        // as live, would make a state the kernel refuses.
+        let mut d = sample_dump();
+        let fingerprint = d.blocks[0].fingerprint.clone();
+        d.blocks.push(BlockRecord {
+            pba: 350,
+            refcount: 0,
+            fingerprint,
+        });
+        d.superblock.used_data_blocks += 1;
+        let errs = validate(&d, None, 10).unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.contains("block pba 350: refcount 0")),
+            "{errs:?}"
+        );
     }
 
     #[test]

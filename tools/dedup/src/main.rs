@@ -281,7 +281,9 @@ struct RepairArgs {
 /// least as large as the kernel requires for these sizes (twice the full
 /// trees, two superblock slots and the journal; version 1 needs no
 /// journal's room); otherwise the needed size is printed. A device that already holds a
-/// valid superblock is refused unless --force is given.
+/// valid superblock, or a superblock slot that is neither zeroed nor
+/// valid (perhaps damaged metadata that `dedup repair` can recover; the
+/// kernel refuses to format it too), is refused unless --force is given.
 #[derive(Args, Debug)]
 #[command(after_long_help = concat!("EXAMPLES\n    dedup format /dev/vg/meta --data-dev /dev/vg/data --logical-size 100G\n    dmsetup create vol --table \"0 $((100 << 21)) dedup /dev/vg/meta /dev/vg/data\"\n\n", exit_codes!()))]
 struct FormatArgs {
@@ -371,8 +373,10 @@ struct DumpArgs {
 /// A dump's journal part is not replayed again: its effect is in the
 /// dumped state. metadata_blocks becomes the size of the target device,
 /// which must be large enough for the dump's sizes. The result is checked before the command returns.
-/// A device that already holds a valid superblock is refused unless
-/// --force is given. A generation above 2^64 - 2^32 - 1 (DD_MAX_TXN, the
+/// A device that already holds a valid superblock, or a superblock slot
+/// that is neither zeroed nor valid (perhaps damaged metadata that `dedup
+/// repair` can recover), is refused unless --force is given. A generation
+/// above 2^64 - 2^32 - 1 (DD_MAX_TXN, the
 /// highest the kernel accepts), from the dump or --generation, is refused
 /// (exit 8).
 #[derive(Args, Debug)]
@@ -675,6 +679,10 @@ fn run_format(a: FormatArgs) -> i32 {
                     sb.mapped_blocks
                 ),
             );
+            return EXIT_OPERATIONAL;
+        }
+        if let Some((i, why)) = ondisk::damaged_slot(&slots) {
+            err("format", ondisk::not_zeroed_text(&name, i, why));
             return EXIT_OPERATIONAL;
         }
     }

@@ -1319,6 +1319,26 @@ pub fn classify_slot(slot: u64, b: &Block) -> SlotState {
 
 /// dd_md_open(): the valid slot with the highest generation; on a tie the
 /// lower slot wins (the kernel compares with a strict `>`).
+/// The first slot that is neither zero nor a valid superblock, and why:
+/// the kernel refuses to format such a device ("not zeroed"), and a
+/// writer that starts from scratch must not overwrite it unforced either,
+/// since it may hold damaged metadata that `dedup repair` can recover.
+pub fn damaged_slot(states: &[SlotState]) -> Option<(usize, &str)> {
+    states.iter().enumerate().find_map(|(i, st)| match st {
+        SlotState::Bad(why) => Some((i, why.as_str())),
+        _ => None,
+    })
+}
+
+/// The refusal for `damaged_slot`'s finding on device `name`.
+pub fn not_zeroed_text(name: &str, slot: usize, why: &str) -> String {
+    format!(
+        "{name}: superblock slot {slot} is neither zeroed nor valid ({why}): it may hold damaged \
+         dm-dedup metadata (try `dedup check`, then `dedup repair`) or other data; use --force \
+         to overwrite it"
+    )
+}
+
 pub fn pick_superblock(states: &[SlotState]) -> Option<usize> {
     let mut best: Option<(usize, u64)> = None;
     for (i, st) in states.iter().enumerate() {

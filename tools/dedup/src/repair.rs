@@ -804,7 +804,8 @@ fn journal_changes(
             ),
         );
     }
-    if r.torn_blocks > 0 {
+    let unreadable = matches!(r.end, journal::End::ReadError { .. });
+    if r.torn_blocks > 0 && !unreadable {
         ch.note(
             "journal",
             "journal_torn",
@@ -830,12 +831,24 @@ fn journal_changes(
             format!("journal: {}", u.text()),
         );
     }
-    if let journal::End::ReadError { .. } = r.end {
-        ch.note(
+    if unreadable {
+        // Not a crash's torn tail: whatever followed the block is lost
+        // unread, acknowledged appends perhaps among it. The kernel
+        // refuses to replay past it.
+        sum.journal_blocks_dropped += r.torn_blocks;
+        ch.add(
             "journal",
             "journal_unreadable",
-            0,
-            format!("journal: {}; replayed up to there", r.end_text()),
+            Some((r.end_seq.wrapping_sub(r.torn_blocks), r.end_seq)),
+            r.torn_blocks,
+            format!(
+                "journal: {}; the whole appends before it are replayed; dropped: the {} read \
+                 of the append it belongs to ({}) and whatever followed it, unread (appends \
+                 there may have been acknowledged)",
+                r.end_text(),
+                plural(r.torn_blocks, "block"),
+                plural(r.torn_records, "record")
+            ),
         );
     }
     if let Some(d) = &r.damage {

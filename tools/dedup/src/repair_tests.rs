@@ -639,6 +639,31 @@ fn dropping_everything_still_writes_a_valid_state() {
     );
 }
 
+#[test]
+fn an_unreadable_journal_block_is_a_loss_not_a_torn_tail() {
+    // A whole append, then the blocks of another, whose last block cannot
+    // be read.
+    let mut j = Journaled::new(None);
+    j.append(grow);
+    let recs = j.last().changes_to(&j.next_state(shrink));
+    let blocks = j.blocks_of(&recs);
+    for b in &blocks {
+        j.dev.write_block(b.header.blocknr, &b.encode()).unwrap();
+    }
+    let bad = blocks.last().unwrap().header.blocknr;
+    let d = crate::check::tests::BadSector {
+        inner: j.dev.clone(),
+        bad,
+    };
+    let p = plan(&d, None).unwrap();
+    assert!(p.changed() > 0, "{:#?}", messages(&p));
+    assert_eq!(codes(&p), ["journal_replayed", "journal_unreadable"]);
+    let m = messages(&p);
+    assert!(m.contains("cannot be read: injected read error"), "{m}");
+    assert!(m.contains("may have been acknowledged"), "{m}");
+    assert!(!m.contains("never acknowledged"), "{m}");
+}
+
 /// A device that fails every write after the first `left`.
 struct Failing {
     inner: MemDev,

@@ -1229,3 +1229,39 @@ fn a_journal_is_checked_dumped_restored_and_repaired() {
     assert_eq!(c["superblock"]["journal_id"], sb.journal_id);
     assert_eq!(c["journal"]["blocks_in_epoch"], 0);
 }
+
+/// Both superblock slots damaged (torn, or flipped on the medium) but not
+/// zeroed: what `dedup repair` salvages. The kernel refuses to format such
+/// a device; `format` and `restore` refuse to overwrite it without --force.
+#[test]
+fn format_and_restore_keep_off_damaged_metadata() {
+    let t = TempDir::new("damaged");
+    let m = t.path("meta");
+    sample_image(&m);
+    let dump = t.path("d.json");
+    let o = dedup(&["dump", s(&m), "-o", s(&dump)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let mut bytes = fs::read(&m).unwrap();
+    for slot in 0..2 {
+        for b in &mut bytes[slot * 4096 + 512..slot * 4096 + 576] {
+            *b ^= 0xff;
+        }
+    }
+    fs::write(&m, &bytes).unwrap();
+    let o = dedup(&[
+        "format",
+        s(&m),
+        "--data-blocks",
+        "400",
+        "--logical-blocks",
+        "3000",
+    ]);
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("neither zeroed nor valid"), "{}", err(&o));
+    let o = dedup(&["restore", s(&dump), s(&m)]);
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("dedup repair"), "{}", err(&o));
+    assert_eq!(fs::read(&m).unwrap(), bytes, "a refused writer wrote");
+    let o = dedup(&["restore", s(&dump), s(&m), "--force"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+}
