@@ -9,6 +9,15 @@
 
 #include "dedup-block.h"
 
+/*
+ * Entries of leaves the running transaction wrote change in place while
+ * other CPUs read them, each 64-bit word read and written whole
+ * (READ_ONCE, WRITE_ONCE): a 32-bit kernel would tear them.
+ */
+#if BITS_PER_LONG != 64
+#error "dm-dedup needs a 64-bit kernel"
+#endif
+
 struct dd_array {
 	struct dd_bm *bm;
 	u64 root;		/* block number of the root, 0 = empty */

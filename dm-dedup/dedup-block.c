@@ -186,8 +186,18 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 	const struct dd_block_header *h = blk->data;
 	int r;
 
-	if (!aux->validated) {
-		if (!dd_block_csum_ok(h)) {
+	/*
+	 * Holders of a block just read check it side by side; the first to
+	 * finish may change it in place (a fresh leaf) while another still
+	 * sums it, and dm-bufio's writeback may rewrite its checksum. A
+	 * mismatch found after another holder passed the check is that
+	 * change, not damage. The acquires pair with the release below: a
+	 * holder that sees the flag set sees the block as it was checked, or
+	 * changed since.
+	 */
+	if (!smp_load_acquire(&aux->validated)) {
+		/* Checked by another holder since, then changed: not damage. */
+		if (!dd_block_csum_ok(h) && !smp_load_acquire(&aux->validated)) {
 			DMERR_LIMIT("%s: metadata block %llu: checksum mismatch",
 				    dd_bm_name(bm), blk->nr);
 			return -EILSEQ;
@@ -201,7 +211,8 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 		r = dd_check_txn(bm, blk);
 		if (r)
 			return r;
-		aux->validated = true;
+		/* Pairs with the acquires above, in other holders. */
+		smp_store_release(&aux->validated, true);
 	}
 	if (le32_to_cpu(h->type) != kind->type || h->array != kind->array ||
 	    h->level != kind->level) {

@@ -29,15 +29,17 @@
  * the metadata holds it shared, and a commit holds it exclusive, so the
  * transaction a commit writes holds only whole steps. md->lock,
  * md->change_lock and md->data_lock are taken inside each metadata verb
- * and never held across verbs; dm-bufio's client lock nests inside md->lock. A CPU's run->lock
- * is held only to take, fill or drain its run, with no lock taken inside.
- * dc->index_lock is held for index and in-flight table operations only,
- * never across I/O or a metadata verb. dc->cells.lock is taken with none
- * of the others held, and only queues work under it. dc->flush_lock is
- * taken with commit_mutex held or with none, also from a flush's
- * completion. dc->commit_lock, too, is taken from a completion: the last
- * of an append's I/O (dd_append_durable), with no other lock held. Each
- * function that relies on a lock asserts how it must be held.
+ * and never held across verbs; dm-bufio's client lock nests inside
+ * md->lock. A CPU's run->lock is held only to take, fill or drain its
+ * run, with no lock taken inside. dc->index_lock is held for index and
+ * in-flight table operations only, never across I/O or a metadata verb.
+ * dc->cells.lock is innermost: it is taken with none of the spinlocks
+ * held (a deferred read leaves its cell with dc->lock held shared), and
+ * only queues work under it. dc->flush_lock is taken with commit_mutex
+ * held or with none, also from a flush's completion. dc->commit_lock,
+ * too, is taken from a completion: the last of an append's I/O
+ * (dd_append_durable), with no other lock held. Each function that relies
+ * on a lock asserts how it must be held.
  *
  * The units, top to bottom; a unit calls only the ones below it. A lower
  * unit that must decide a block of a write again (it waited for its twin

@@ -106,6 +106,8 @@ static inline void __clear_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG]
 #define set_bit(nr, a) __set_bit(nr, a)
 #define clear_bit(nr, a) __clear_bit(nr, a)
 #define READ_ONCE(x) (x)
+#define smp_load_acquire(p) (*(p))
+#define smp_store_release(p, v) (*(p) = (v))
 
 /* The harness is single-threaded: locks and their assertions do nothing. */
 struct rw_semaphore { int unused; };
