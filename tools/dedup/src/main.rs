@@ -105,7 +105,8 @@ enum Command {
 /// the record names would be mapped onto this block's other bytes.
 /// Placeholder records written by `dedup repair` are skipped. The data
 /// device must have the size the metadata describes; it is only read.
-/// Hashes this tool computes: sha256, sha384, sha512, crc32c, crc32,
+/// Hashes this tool computes: sha256, sha384, sha512, sha3-256, sha3-384,
+/// sha3-512, blake2b-256, blake2b-384, blake2b-512, crc32c, crc32,
 /// xxhash64.
 ///
 /// Every problem is listed with its location: block number, array, level
@@ -215,7 +216,8 @@ struct CheckArgs {
 /// concerns as ranges; lines starting with "note:" report findings that
 /// change nothing. The data device (--data) must be the table's data
 /// device, its size matching the metadata; it is only read. Hashes this
-/// tool computes: sha256, sha384, sha512, crc32c, crc32, xxhash64.
+/// tool computes: sha256, sha384, sha512, sha3-256, sha3-384, sha3-512,
+/// blake2b-256, blake2b-384, blake2b-512, crc32c, crc32, xxhash64.
 #[derive(Args, Debug)]
 #[command(after_long_help = "EXAMPLES
     dedup check /dev/vg/meta
