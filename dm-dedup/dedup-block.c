@@ -191,16 +191,19 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 	 * finish may change it in place (a fresh leaf) while another still
 	 * sums it, and dm-bufio's writeback may rewrite its checksum. A
 	 * mismatch found after another holder passed the check is that
-	 * change, not damage. The acquires pair with the release below: a
+	 * change, not damage. The acquire pairs with the release below: a
 	 * holder that sees the flag set sees the block as it was checked, or
 	 * changed since.
 	 */
 	if (!smp_load_acquire(&aux->validated)) {
-		/* Checked by another holder since, then changed: not damage. */
-		if (!dd_block_csum_ok(h) && !smp_load_acquire(&aux->validated)) {
-			DMERR_LIMIT("%s: metadata block %llu: checksum mismatch",
-				    dd_bm_name(bm), blk->nr);
-			return -EILSEQ;
+		if (!dd_block_csum_ok(h)) {
+			/* The sum's loads before the flag's second load. */
+			smp_rmb();
+			if (!READ_ONCE(aux->validated)) {
+				DMERR_LIMIT("%s: metadata block %llu: checksum mismatch",
+					    dd_bm_name(bm), blk->nr);
+				return -EILSEQ;
+			}
 		}
 		if (le64_to_cpu(h->blocknr) != blk->nr) {
 			DMERR_LIMIT("%s: metadata block %llu: claims to be block %llu",
@@ -211,7 +214,7 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 		r = dd_check_txn(bm, blk);
 		if (r)
 			return r;
-		/* Pairs with the acquires above, in other holders. */
+		/* Pairs with the acquire above, in other holders. */
 		smp_store_release(&aux->validated, true);
 	}
 	if (le32_to_cpu(h->type) != kind->type || h->array != kind->array ||

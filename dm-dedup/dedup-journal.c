@@ -230,8 +230,10 @@ int dd_journal_take(struct dd_journal *j, const u64 *counters, bool counted,
 	b->first_seq = j->next_seq;
 	b->unflushed = j->geo.unflushed;
 	b->notify = NULL;
-	if (b->unflushed)
-		j->unchecked = b->first_seq;
+	if (b->unflushed) {
+		j->unchecked = true;
+		j->unchecked_seq = b->first_seq;
+	}
 	j->next_seq += j->nr_pending;
 	j->nr_pending = 0;
 	j->used = 0;
@@ -285,16 +287,17 @@ void dd_journal_data_stable(struct dd_journal *j)
 {
 	mutex_lock(&j->lock);
 	WARN_ON_ONCE(j->writing);
-	j->unchecked = 0;
+	j->unchecked = false;
 	mutex_unlock(&j->lock);
 }
 
-u64 dd_journal_unchecked(struct dd_journal *j)
+bool dd_journal_unchecked(struct dd_journal *j, u64 *seq)
 {
-	u64 r;
+	bool r;
 
 	mutex_lock(&j->lock);
 	r = j->unchecked;
+	*seq = j->unchecked_seq;
 	mutex_unlock(&j->lock);
 	return r;
 }
@@ -332,7 +335,7 @@ void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, u64 id,
 	 * appends may be written before their data is flushed.
 	 */
 	j->geo.unflushed = unflushed;
-	j->unchecked = 0;
+	j->unchecked = false;
 	j->next_seq = max(j->next_seq, epoch);
 	j->epoch_written = true;
 	j->overflow = false;
@@ -623,8 +626,8 @@ static int dd_replay_verify(struct dd_replay *rp, u64 first, u64 end,
 
 int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      dd_journal_apply_fn apply, void *ctx,
-		      dd_journal_verify_fn verify, void *vctx, u64 check_seq,
-		      struct dd_journal_replayed *out)
+		      dd_journal_verify_fn verify, void *vctx,
+		      const u64 *check_seq, struct dd_journal_replayed *out)
 {
 	struct dd_replay rp = { .bm = bm, .geo = geo };
 	u64 whole, last;
@@ -641,7 +644,7 @@ int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		}
 	}
 	r = dd_replay_scan(&rp, out, &whole, &last, &unflushed);
-	if (check_seq && geo->epoch + last != check_seq)
+	if (check_seq && geo->epoch + last != *check_seq)
 		unflushed = false;
 	if (!r && unflushed && verify) {
 		r = dd_replay_verify(&rp, last, whole, verify, vctx, out);

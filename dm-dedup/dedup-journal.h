@@ -51,11 +51,12 @@ struct dd_journal {
 	bool overflow;		/* records were dropped: checkpoint next */
 	bool writing;		/* a batch was taken and is not written yet */
 	/*
-	 * The first sequence number of the newest append, if it was taken
-	 * marked DD_JF_UNFLUSHED and its data flush is not known to have
-	 * succeeded: replay must check it. 0 if none.
+	 * The newest append was taken marked DD_JF_UNFLUSHED, and its data
+	 * flush is not known to have succeeded: replay must check it. It
+	 * starts at unchecked_seq.
 	 */
-	u64 unchecked;
+	bool unchecked;
+	u64 unchecked_seq;
 	struct page **spare;	/* written blocks kept for reuse */
 	unsigned int nr_spare;
 	u64 appends;
@@ -103,10 +104,10 @@ void dd_journal_checkpointed(struct dd_journal *j, u64 epoch, u64 id,
 /* The data the newest append points at was flushed since it was taken. */
 void dd_journal_data_stable(struct dd_journal *j);
 /*
- * Where the append starts that a replay of the journal as written must
- * check (its first sequence number), or 0 if none must be.
+ * Must a replay of the journal as written check the newest append? If
+ * so, *@seq is where it starts.
  */
-u64 dd_journal_unchecked(struct dd_journal *j);
+bool dd_journal_unchecked(struct dd_journal *j, u64 *seq);
 /* Blocks appended in the running epoch, and whether records wait. */
 u64 dd_journal_used(struct dd_journal *j);
 bool dd_journal_pending(struct dd_journal *j);
@@ -142,14 +143,14 @@ typedef int (*dd_journal_verify_fn)(void *ctx, u64 pba, const u8 *fp);
  * that continues the journal is malformed (damage, not its end). The
  * last append, if DD_JF_UNFLUSHED, is applied only if @verify finds the
  * data of every block it makes live (out->dropped if not); with no
- * @verify (no data device at hand) it is applied as it is. A non-zero
- * @check_seq narrows that to an append starting at @check_seq: the
- * writer knows which append's data flush it did not see complete, and
- * the appends before it were acknowledged.
+ * @verify (no data device at hand) it is applied as it is. A @check_seq
+ * narrows that to an append starting at *@check_seq: the writer knows
+ * which append's data flush it did not see complete, and the appends
+ * before it were acknowledged.
  */
 int dd_journal_replay(struct dd_bm *bm, const struct dd_journal_geometry *geo,
 		      dd_journal_apply_fn apply, void *ctx,
-		      dd_journal_verify_fn verify, void *vctx, u64 check_seq,
-		      struct dd_journal_replayed *out);
+		      dd_journal_verify_fn verify, void *vctx,
+		      const u64 *check_seq, struct dd_journal_replayed *out);
 
 #endif

@@ -638,11 +638,11 @@ static void dd_replay_dropped(struct dd_metadata *md)
 /*
  * The journal of the state read, in memory: read-only opens, and an
  * instance that aborted after appending. @verify (with @vctx) checks the
- * newest append's data, if it was written unflushed and, with a non-zero
- * @check_seq, starts there; NULL: applied as it is.
+ * newest append's data, if it was written unflushed and, with a
+ * @check_seq, starts at *@check_seq; NULL: applied as it is.
  */
 static int dd_replay_overlay(struct dd_metadata *md, dd_journal_verify_fn verify,
-			     void *vctx, u64 check_seq)
+			     void *vctx, const u64 *check_seq)
 {
 	struct dd_journal_geometry geo;
 	int r;
@@ -696,7 +696,7 @@ static int dd_replay_trees(struct dd_metadata *md, char **error)
 	}
 	if (!r)
 		r = dd_journal_replay(md->bm, &geo, dd_apply, md,
-				      md->cfg.verify, md->cfg.ctx, 0,
+				      md->cfg.verify, md->cfg.ctx, NULL,
 				      &md->replayed);
 	if (!r && md->replayed.blocks) {
 		down_write(&md->lock);
@@ -732,7 +732,7 @@ static int dd_replay_read_only(struct dd_metadata *md, char **error)
 
 	if (md->journaled || !md->sb.journal_blocks)
 		return 0;
-	r = dd_replay_overlay(md, md->cfg.verify, md->cfg.ctx, 0);
+	r = dd_replay_overlay(md, md->cfg.verify, md->cfg.ctx, NULL);
 	if (r) {
 		*error = "cannot replay the journal (see the lines above); run dedup check";
 		return r;
@@ -1013,8 +1013,13 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 		}
 		if (!r && !cfg->identity_only)
 			r = dd_activate(md, error);
+		/*
+		 * Not at DD_MAX_TXN: no commit could name the new journal,
+		 * and appends to it would be acknowledged and lost.
+		 */
 		if (!r && !cfg->identity_only && !md->read_only &&
-		    !md->sb.journal_blocks)
+		    !md->sb.journal_blocks &&
+		    le64_to_cpu(md->sb.hdr.txn) < DD_MAX_TXN)
 			dd_upgrade(md);
 		/* dd_check_sb refused growth at DD_MAX_TXN */
 		if (!r && !cfg->identity_only && !md->read_only) {
@@ -2261,7 +2266,7 @@ static int dd_abort_verify(void *ctx, u64 pba, const u8 *fp)
 static void dd_abort(struct dd_metadata *md)
 {
 	const struct dd_superblock *sb = &md->sb;
-	u64 unchecked;
+	u64 seq;
 
 	lockdep_assert_held_write(&md->lock);
 	/* A failed commit aborts, then its caller does: once is enough. */
@@ -2283,9 +2288,8 @@ static void dd_abort(struct dd_metadata *md)
 	 */
 	if (!md->journaled || !dd_journal_used(&md->jnl))
 		return;
-	unchecked = dd_journal_unchecked(&md->jnl);
-	if (dd_replay_overlay(md, unchecked ? dd_abort_verify : NULL, md,
-			      unchecked))
+	if (dd_replay_overlay(md, dd_journal_unchecked(&md->jnl, &seq) ?
+			      dd_abort_verify : NULL, md, &seq))
 		DMERR("%s: journal unreadable after the abort: reads show the last commit",
 		      dd_md_name(md));
 	else

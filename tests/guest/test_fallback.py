@@ -24,12 +24,22 @@ from ddlib import BLOCK, MIB, BlockDev, block_data, run
 DATA_BLOCKS = 64
 LOGICAL_BLOCKS = 256
 SLOT_TXN = 16          # offset of txn in a block header (dedup-format.h)
+SB_JOURNAL_SEQ = 224   # offsets in the superblock (Documentation/dedup-format.rst)
+SB_JOURNAL_ID = 232
 
 
 def slot_txns(path):
     with open(path, "rb") as f:
         raw = f.read(2 * BLOCK)
     return [struct.unpack_from("<Q", raw, s * BLOCK + SLOT_TXN)[0] for s in (0, 1)]
+
+
+def slot_journal(path, slot):
+    """(epoch, journal id) of superblock slot SLOT of the file at PATH."""
+    with open(path, "rb") as f:
+        f.seek(slot * BLOCK)
+        raw = f.read(BLOCK)
+    return struct.unpack_from("<QQ", raw, SB_JOURNAL_SEQ)
 
 
 def damage(path, block):
@@ -156,6 +166,8 @@ def test_a_lost_activation_never_continues_the_next_journal(backing, seed):
     copy_file(meta_file, snap_file)              # the medium at a crash
     dev.remove()
 
+    txns = slot_txns(snap_file)
+    lost_epoch, lost_id = slot_journal(snap_file, txns.index(max(txns)))
     after, _, _ = load_newest_damaged("fja", snap, snap_file, data, opts)
     new = block_data(seed, 1000)
     with BlockDev(after.path) as b:
@@ -163,6 +175,11 @@ def test_a_lost_activation_never_continues_the_next_journal(backing, seed):
         b.fsync()
     copy_file(snap_file, crashed_file)           # a second crash
     after.remove()
+    # The case at hand: the same epoch as the lost activation's.
+    txns = slot_txns(crashed_file)
+    epoch, journal_id = slot_journal(crashed_file, txns.index(max(txns)))
+    assert epoch == lost_epoch, (epoch, lost_epoch)
+    assert journal_id != lost_id
 
     ro = ddlib.DedupDev.create(ddlib.NAME_PREFIX + "fjro", crashed, data, sectors,
                                opts + ("read_only",))

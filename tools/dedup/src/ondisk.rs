@@ -1317,8 +1317,6 @@ pub fn classify_slot(slot: u64, b: &Block) -> SlotState {
     SlotState::Valid(Box::new(sb))
 }
 
-/// dd_md_open(): the valid slot with the highest generation; on a tie the
-/// lower slot wins (the kernel compares with a strict `>`).
 /// The first slot that is neither zero nor a valid superblock, and why:
 /// the kernel refuses to format such a device ("not zeroed"), and a
 /// writer that starts from scratch must not overwrite it unforced either,
@@ -1339,6 +1337,8 @@ pub fn not_zeroed_text(name: &str, slot: usize, why: &str) -> String {
     )
 }
 
+/// dd_md_open(): the valid slot with the highest generation; on a tie the
+/// lower slot wins (the kernel compares with a strict `>`).
 pub fn pick_superblock(states: &[SlotState]) -> Option<usize> {
     let mut best: Option<(usize, u64)> = None;
     for (i, st) in states.iter().enumerate() {

@@ -831,23 +831,43 @@ fn journal_changes(
             format!("journal: {}", u.text()),
         );
     }
-    if unreadable {
+    if unreadable && r.damage.is_some() {
+        // Past damage, whose change below drops everything from its
+        // append on: this block ends only what was counted.
+        ch.note(
+            "journal",
+            "journal_unreadable",
+            0,
+            format!("journal: {}; nothing after it was read", r.end_text()),
+        );
+    } else if unreadable {
         // Not a crash's torn tail: whatever followed the block is lost
         // unread, acknowledged appends perhaps among it. The kernel
         // refuses to replay past it.
         sum.journal_blocks_dropped += r.torn_blocks;
+        let read = if r.torn_blocks == 0 {
+            String::new()
+        } else {
+            format!(
+                " the {} read before it of the append it belongs to ({}), and",
+                plural(r.torn_blocks, "block"),
+                plural(r.torn_records, "record")
+            )
+        };
         ch.add(
             "journal",
             "journal_unreadable",
-            Some((r.end_seq.wrapping_sub(r.torn_blocks), r.end_seq)),
+            (r.torn_blocks > 0).then(|| {
+                (
+                    r.end_seq.wrapping_sub(r.torn_blocks),
+                    r.end_seq.wrapping_sub(1),
+                )
+            }),
             r.torn_blocks,
             format!(
-                "journal: {}; the whole appends before it are replayed; dropped: the {} read \
-                 of the append it belongs to ({}) and whatever followed it, unread (appends \
-                 there may have been acknowledged)",
-                r.end_text(),
-                plural(r.torn_blocks, "block"),
-                plural(r.torn_records, "record")
+                "journal: {}; the whole appends before it are replayed; dropped:{read} \
+                 whatever followed it, unread (appends there may have been acknowledged)",
+                r.end_text()
             ),
         );
     }
