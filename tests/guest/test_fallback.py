@@ -24,8 +24,7 @@ from ddlib import BLOCK, MIB, BlockDev, block_data, run
 DATA_BLOCKS = 64
 LOGICAL_BLOCKS = 256
 SLOT_TXN = 16          # offset of txn in a block header (dedup-format.h)
-SB_JOURNAL_SEQ = 224   # offsets in the superblock (Documentation/dedup-format.rst)
-SB_JOURNAL_ID = 232
+SB_JOURNAL_SEQ = 224   # journal_seq, then journal_id (Documentation/dedup-format.rst)
 
 
 def slot_txns(path):
@@ -34,10 +33,15 @@ def slot_txns(path):
     return [struct.unpack_from("<Q", raw, s * BLOCK + SLOT_TXN)[0] for s in (0, 1)]
 
 
-def slot_journal(path, slot):
-    """(epoch, journal id) of superblock slot SLOT of the file at PATH."""
+def newest_slot(path):
+    txns = slot_txns(path)
+    return txns.index(max(txns))
+
+
+def newest_journal(path):
+    """(epoch, journal id) of the newest superblock slot of the file at PATH."""
     with open(path, "rb") as f:
-        f.seek(slot * BLOCK)
+        f.seek(newest_slot(path) * BLOCK)
         raw = f.read(BLOCK)
     return struct.unpack_from("<QQ", raw, SB_JOURNAL_SEQ)
 
@@ -65,7 +69,7 @@ def load_newest_damaged(name, snap, snap_file, data, opts):
     it (as NAME, over DATA): the target must say it falls back. Returns
     the device, both slots' transaction ids and the damaged slot."""
     txns = slot_txns(snap_file)
-    newest = txns.index(max(txns))
+    newest = newest_slot(snap_file)
     damage(snap_file, newest)
     k = ddlib.Kmsg()
     dev = ddlib.DedupDev.create(ddlib.NAME_PREFIX + name, snap, data,
@@ -166,8 +170,7 @@ def test_a_lost_activation_never_continues_the_next_journal(backing, seed):
     copy_file(meta_file, snap_file)              # the medium at a crash
     dev.remove()
 
-    txns = slot_txns(snap_file)
-    lost_epoch, lost_id = slot_journal(snap_file, txns.index(max(txns)))
+    lost_epoch, lost_id = newest_journal(snap_file)
     after, _, _ = load_newest_damaged("fja", snap, snap_file, data, opts)
     new = block_data(seed, 1000)
     with BlockDev(after.path) as b:
@@ -176,8 +179,7 @@ def test_a_lost_activation_never_continues_the_next_journal(backing, seed):
     copy_file(snap_file, crashed_file)           # a second crash
     after.remove()
     # The case at hand: the same epoch as the lost activation's.
-    txns = slot_txns(crashed_file)
-    epoch, journal_id = slot_journal(crashed_file, txns.index(max(txns)))
+    epoch, journal_id = newest_journal(crashed_file)
     assert epoch == lost_epoch, (epoch, lost_epoch)
     assert journal_id != lost_id
 
