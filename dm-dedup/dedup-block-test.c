@@ -493,6 +493,18 @@ static void dd_block_test_background_write(struct kunit *test)
 	KUNIT_EXPECT_TRUE(test, dd_bm_background_writes(bm));
 	KUNIT_EXPECT_EQ(test, dd_bm_writeback_error(bm), 0);
 	KUNIT_EXPECT_FALSE(test, dd_bm_background_writes(bm));
+
+	/*
+	 * The same while another thread writes out: its write-out may have
+	 * taken dm-bufio's errors already, so this one's is still to ask.
+	 * Slots are only compared, so any pointer but ours stands for it.
+	 */
+	bm->out_tasks[0] = (struct task_struct *)test;
+	dd_test_new_leaves(test, bm, 1);
+	dm_bufio_write_dirty_buffers_async(bm->bufio);
+	bm->out_tasks[0] = NULL;
+	KUNIT_EXPECT_TRUE(test, dd_bm_background_writes(bm));
+	KUNIT_EXPECT_EQ(test, dd_bm_writeback_error(bm), 0);
 }
 
 /*

@@ -10,6 +10,7 @@
 #include <linux/device-mapper.h>
 #include <linux/dm-bufio.h>
 #include <linux/overflow.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
 
 #include "dedup-block.h"
@@ -48,12 +49,60 @@ static void dd_alloc_callback(struct dm_buffer *buf)
 }
 
 /*
+ * A write-out writes its blocks in its own thread, which dm-bufio's
+ * write callback can tell from the threads of background writeback. A
+ * write-out that finds no free slot goes unregistered: its writes count
+ * as background ones, which costs a write-out, never an error.
+ */
+static void dd_bm_out_begin(struct dd_bm *bm)
+{
+	unsigned int i;
+
+	spin_lock(&bm->out_lock);
+	for (i = 0; i < DD_BM_OUT_TASKS; i++) {
+		if (!bm->out_tasks[i]) {
+			bm->out_tasks[i] = current;
+			break;
+		}
+	}
+	spin_unlock(&bm->out_lock);
+}
+
+static void dd_bm_out_end(struct dd_bm *bm)
+{
+	unsigned int i;
+
+	spin_lock(&bm->out_lock);
+	for (i = 0; i < DD_BM_OUT_TASKS; i++) {
+		if (bm->out_tasks[i] == current) {
+			bm->out_tasks[i] = NULL;
+			break;
+		}
+	}
+	spin_unlock(&bm->out_lock);
+}
+
+static bool dd_bm_writing_out(struct dd_bm *bm)
+{
+	bool mine = false;
+	unsigned int i;
+
+	spin_lock(&bm->out_lock);
+	for (i = 0; i < DD_BM_OUT_TASKS; i++)
+		mine |= bm->out_tasks[i] == current;
+	spin_unlock(&bm->out_lock);
+	return mine;
+}
+
+/*
  * Called by dm-bufio right before every write of a block, under its own
  * lock and maybe from its reclaim: no sleeping here. A write that is not
  * part of dd_bm_write_all() or of a write-ahead is background writeback,
  * whose error dm-bufio keeps to itself until the next
  * dm_bufio_write_dirty_buffers(); flag it so that dd_bm_writeback_error()
- * asks soon, not at the next commit.
+ * asks soon, not at the next commit. Whether a write-out runs meanwhile
+ * does not matter: one that took the errors before this write completes
+ * leaves its error for the next.
  */
 static void dd_write_callback(struct dm_buffer *buf)
 {
@@ -61,7 +110,7 @@ static void dd_write_callback(struct dm_buffer *buf)
 	struct dd_aux *aux = dm_bufio_get_aux_data(buf);
 
 	h->csum = cpu_to_le32(dd_block_csum(h));
-	if (aux->bm && !atomic_read(&aux->bm->writing_out))
+	if (aux->bm && !dd_bm_writing_out(aux->bm))
 		set_bit(DD_BM_BACKGROUND_WRITE, &aux->bm->flags);
 }
 
@@ -94,6 +143,7 @@ int dd_bm_create(struct block_device *bdev, u64 nr_blocks, struct dd_bm **bmp)
 		kfree(bm);
 		return r ? r : -ENOMEM;
 	}
+	spin_lock_init(&bm->out_lock);
 	bm->fresh_lo = U64_MAX;
 	bm->nr_blocks = nr_blocks;
 	bm->bdev = bdev;
@@ -423,10 +473,10 @@ int dd_bm_write_all(struct dd_bm *bm)
 {
 	int r, ahead;
 
-	atomic_inc(&bm->writing_out);
+	dd_bm_out_begin(bm);
 	clear_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);
 	r = dm_bufio_write_dirty_buffers(bm->bufio);
-	atomic_dec(&bm->writing_out);
+	dd_bm_out_end(bm);
 	ahead = xchg(&bm->ahead_error, 0);
 	return ahead ?: dd_device_error(r);
 }
@@ -445,9 +495,9 @@ void dd_bm_write_ahead(struct dd_bm *bm)
 {
 	int r;
 
-	atomic_inc(&bm->writing_out);
+	dd_bm_out_begin(bm);
 	r = dd_device_error(dm_bufio_write_dirty_buffers(bm->bufio));
-	atomic_dec(&bm->writing_out);
+	dd_bm_out_end(bm);
 	if (r) {
 		cmpxchg(&bm->ahead_error, 0, r);
 		set_bit(DD_BM_BACKGROUND_WRITE, &bm->flags);

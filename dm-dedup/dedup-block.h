@@ -8,6 +8,7 @@
 #define DM_DEDUP_BLOCK_H
 
 #include <linux/blkdev.h>
+#include <linux/spinlock.h>
 #include <linux/types.h>
 
 #include "dedup-format.h"
@@ -15,6 +16,10 @@
 
 struct dm_bufio_client;
 struct dm_buffer;
+struct task_struct;
+
+/* Write-outs told apart from background writeback; more are flagged. */
+#define DD_BM_OUT_TASKS		4
 
 struct dd_bm {
 	struct dm_bufio_client *bufio;
@@ -31,7 +36,13 @@ struct dd_bm {
 	unsigned long *fresh;
 	u64 fresh_lo, fresh_hi;
 	const char *name;		/* the device's, for log lines */
-	atomic_t writing_out;		/* in dd_bm_write_all() or ahead */
+	/*
+	 * The threads in dd_bm_write_all() or a write-ahead: any other
+	 * thread's write is background writeback, even while one of them
+	 * runs (its error may come after theirs was taken).
+	 */
+	spinlock_t out_lock;
+	struct task_struct *out_tasks[DD_BM_OUT_TASKS];
 	int ahead_error;		/* a write-ahead's, for the write-out */
 	unsigned long flags;		/* DD_BM_* bits */
 };

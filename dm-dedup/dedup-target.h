@@ -24,15 +24,19 @@
  *                                                   covered, the one sent
  *                                                   ahead
  *   dc->cells.lock     spinlock dedup-cell.c        logical block cells
+ *   bm->out_lock       spinlock dedup-block.c       the threads writing the
+ *                                                   metadata out
  *
  * dc->lock is the transaction lock: every bio step that reads or changes
  * the metadata holds it shared, and a commit holds it exclusive, so the
  * transaction a commit writes holds only whole steps. md->lock,
  * md->change_lock and md->data_lock are taken inside each metadata verb
  * and never held across verbs; dm-bufio's client lock nests inside
- * md->lock. A CPU's run->lock is held only to take, fill or drain its
- * run, with no lock taken inside. dc->index_lock is held for index and
- * in-flight table operations only, never across I/O or a metadata verb.
+ * md->lock, and bm->out_lock inside that (dm-bufio's write callback),
+ * with no lock taken inside it. A CPU's run->lock is held only to take,
+ * fill or drain its run, with no lock taken inside. dc->index_lock is
+ * held for index and in-flight table operations only, never across I/O
+ * or a metadata verb.
  * dc->cells.lock is innermost: it is taken with none of the spinlocks
  * held (a deferred read leaves its cell with dc->lock held shared), and
  * only queues work under it. dc->flush_lock is taken with commit_mutex

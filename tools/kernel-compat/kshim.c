@@ -7,6 +7,8 @@
 
 #include "kshim.h"
 
+struct task_struct kshim_task;
+
 u32 crc32c(u32 crc, const void *p, size_t len)
 {
 	const u8 *s = p;

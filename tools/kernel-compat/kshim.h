@@ -75,6 +75,10 @@ static inline void *kmalloc_array(size_t n, size_t s, int gfp) { (void)gfp; retu
 #define min(a, b) ((a) < (b) ? (a) : (b))
 #define WARN_ON_ONCE(c) ({ int __c = !!(c); if (__c) fprintf(stderr, "WARN_ON_ONCE %s:%d\n", __FILE__, __LINE__); __c; })
 #define cond_resched() do { } while (0)
+/* One thread: every caller is the same task. */
+struct task_struct { int unused; };
+extern struct task_struct kshim_task;
+#define current (&kshim_task)
 
 #define DMERR(fmt, ...) fprintf(stderr, "dedup: " fmt "\n", ##__VA_ARGS__)
 #define DMERR_LIMIT DMERR
