@@ -470,6 +470,19 @@ static void dd_block_test_lost_write(struct kunit *test)
 	dm_bufio_forget(bm->bufio, nr);
 	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, nr, &dd_leaf2, &blk), -ESTALE);
 	KUNIT_EXPECT_EQ(test, dd_bm_shadow(bm, nr, &dd_leaf2, &blk), -ESTALE);
+
+	/*
+	 * A location never written before holds zeros, which fail the
+	 * checksum: still a lost write of the transaction, not damage.
+	 */
+	memset(old, 0, DD_BLOCK_SIZE);
+	dd_test_write_block(test, bdev, nr, old);
+	dm_bufio_forget(bm->bufio, nr);
+	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, nr, &dd_leaf2, &blk), -ESTALE);
+	/* The same bytes in a block the transaction did not write: damage. */
+	KUNIT_ASSERT_FALSE(test, dd_bm_is_fresh(bm, 8));
+	dd_test_write_block(test, bdev, 8, old);
+	KUNIT_EXPECT_EQ(test, dd_bm_read(bm, 8, &dd_leaf2, &blk), -EILSEQ);
 }
 
 /*

@@ -229,6 +229,23 @@ static int dd_check_txn(const struct dd_bm *bm, const struct dd_block *blk)
 	return -EILSEQ;
 }
 
+/*
+ * A block that fails its checksum or location test is damage, unless the
+ * running transaction wrote it: then the location holds whatever it held
+ * before the lost write (zeros on a new device, a torn write), and the
+ * committed state is whole. That is a lost write, as in dd_check_txn(),
+ * and must not flag the device for a check.
+ */
+static int dd_bad_block(const struct dd_bm *bm, const struct dd_block *blk)
+{
+	return dd_bm_is_fresh(bm, blk->nr) ? -ESTALE : -EILSEQ;
+}
+
+static const char *dd_bad_block_text(int r)
+{
+	return r == -ESTALE ? " (write lost)" : "";
+}
+
 static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 		       const struct dd_block_kind *kind)
 {
@@ -250,16 +267,20 @@ static int dd_validate(const struct dd_bm *bm, struct dd_block *blk,
 			/* The sum's loads before the flag's second load. */
 			smp_rmb();
 			if (!READ_ONCE(aux->validated)) {
-				DMERR_LIMIT("%s: metadata block %llu: checksum mismatch",
-					    dd_bm_name(bm), blk->nr);
-				return -EILSEQ;
+				r = dd_bad_block(bm, blk);
+				DMERR_LIMIT("%s: metadata block %llu: checksum mismatch%s",
+					    dd_bm_name(bm), blk->nr,
+					    dd_bad_block_text(r));
+				return r;
 			}
 		}
 		if (le64_to_cpu(h->blocknr) != blk->nr) {
-			DMERR_LIMIT("%s: metadata block %llu: claims to be block %llu",
+			r = dd_bad_block(bm, blk);
+			DMERR_LIMIT("%s: metadata block %llu: claims to be block %llu%s",
 				    dd_bm_name(bm), blk->nr,
-				    le64_to_cpu(h->blocknr));
-			return -EILSEQ;
+				    le64_to_cpu(h->blocknr),
+				    dd_bad_block_text(r));
+			return r;
 		}
 		r = dd_check_txn(bm, blk);
 		if (r)
