@@ -1628,6 +1628,7 @@ static void dd_md_test_map_beyond_data(struct kunit *test)
 	struct block_device *bdev = dd_test_dev_open(test);
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 fp[DD_FP_SIZE];
 	u64 got;
 
 	dd_test_write(test, md, 0, 1);
@@ -1640,6 +1641,25 @@ static void dd_md_test_map_beyond_data(struct kunit *test)
 	dd_test_patch_leaf(test, bdev, DD_SB_OFF_MAP_ROOT, 99 * 8, 101, 8);
 	md = dd_test_md_open(test, bdev, cfg);
 	dd_test_expect_map(test, md, 0, 99);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 99, &got, false), -EILSEQ);
+	dd_test_md_close(test, md);
+
+	/* Far past it: beyond the refcount array too. */
+	dd_test_patch_leaf(test, bdev, DD_SB_OFF_MAP_ROOT, 99 * 8, 1ULL << 40,
+			   8);
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 99, &got, false), -EILSEQ);
+
+	/*
+	 * A new block written over that entry finds the same damage (the
+	 * device is then checked), not a refcount index out of range (which
+	 * only made it read-only): first by copying the leaf, then in place
+	 * in the copy. The entry stays as it was; the rest of the failed
+	 * change goes with the transaction, which the target aborts.
+	 */
+	dd_test_fp(fp, 3);
+	KUNIT_EXPECT_EQ(test, dd_test_map_new(test, md, 99, 50, fp), -EILSEQ);
+	KUNIT_EXPECT_EQ(test, dd_test_map_new(test, md, 99, 51, fp), -EILSEQ);
 	KUNIT_EXPECT_EQ(test, dd_md_lookup(md, 99, &got, false), -EILSEQ);
 }
 

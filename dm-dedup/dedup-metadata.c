@@ -1059,6 +1059,19 @@ void dd_md_close(struct dd_metadata *md)
 /* ------------------------------------------------------------------ */
 /* lookups */
 
+/*
+ * A map entry holds PBA + 1, or 0. One beyond the data device is damage
+ * wherever it is found, by a read or by a change that drops it.
+ */
+static int dd_map_value_check(struct dd_metadata *md, u64 lba, u64 x)
+{
+	if (x <= md->cfg.data_blocks)
+		return 0;
+	DMERR_LIMIT("%s: logical block %llu maps to %llu, beyond the data device",
+		    dd_md_name(md), lba, x - 1);
+	return -EILSEQ;
+}
+
 /* A map entry: 0 for a mapped block, -ENODATA for an unmapped one. */
 static int dd_map_entry(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 {
@@ -1079,11 +1092,9 @@ static int dd_map_entry(struct dd_metadata *md, u64 lba, u64 *pba, bool nowait)
 	}
 	if (!x)
 		return -ENODATA;
-	if (x > md->cfg.data_blocks) {
-		DMERR_LIMIT("%s: logical block %llu maps to %llu, beyond the data device",
-			    dd_md_name(md), lba, x - 1);
-		return -EILSEQ;
-	}
+	r = dd_map_value_check(md, lba, x);
+	if (r)
+		return r;
 	*pba = x - 1;
 	return 0;
 }
@@ -1412,6 +1423,11 @@ static int dd_set_map(struct dd_metadata *md, u64 lba, u64 value,
 	if (r)
 		return r;
 	old = le64_to_cpu(*e);
+	r = dd_map_value_check(md, lba, old);
+	if (r) {
+		dd_bm_release(&leaf);
+		return r;
+	}
 	*e = cpu_to_le64(value);
 	dd_bm_release_dirty(&leaf);
 	dd_note_word(md, DD_JR_MAP, lba, value);
@@ -1683,6 +1699,9 @@ static int dd_hold_in_place(struct dd_metadata *md, u64 lba, u64 value,
 		return r;
 	/* Only the caller's change moves it (cells order them). */
 	ip->old = le64_to_cpu(READ_ONCE(*ip->me));
+	r = dd_map_value_check(md, lba, ip->old);
+	if (r)
+		goto out;
 	if (value) {
 		r = dd_array_fresh_entry(&md->refcount, value - 1, &ip->rc,
 					 (void **)&ip->re);
