@@ -118,7 +118,8 @@ struct dedup_c {
 	bool verify;
 	bool discard_passdown;
 	bool early_ack;		/* writes acknowledged once decided */
-	bool read_only;
+	bool read_only;		/* no metadata writes: see dedup_ctr() */
+	bool read_only_opt;	/* the table line's read_only option */
 	bool no_read_batching;	/* every read goes out from the map function */
 	bool index_loaded;	/* at activation, from a clean close's save */
 	u64 activation_ms;	/* opening the metadata and the index */

@@ -86,7 +86,8 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			  dc->verify +
 			  2 * (dc->commit_interval != DD_DEFAULT_COMMIT_INTERVAL) +
 			  dc->discard_passdown + 2 * !!dc->low_water_mark +
-			  dc->early_ack + dc->read_only + dc->no_read_batching;
+			  dc->early_ack + dc->read_only_opt +
+			  dc->no_read_batching;
 		DMEMIT("%s %s", dc->meta_dev->name, dc->data_dev->name);
 		if (nr_opts)
 			DMEMIT(" %u", nr_opts);
@@ -102,7 +103,7 @@ static void dedup_status(struct dm_target *ti, status_type_t type,
 			DMEMIT(" low_water_mark %llu", dc->low_water_mark);
 		if (dc->early_ack)
 			DMEMIT(" early_ack");
-		if (dc->read_only)
+		if (dc->read_only_opt)
 			DMEMIT(" read_only");
 		if (dc->no_read_batching)
 			DMEMIT(" no_read_batching");
@@ -208,8 +209,12 @@ static int dedup_message(struct dm_target *ti, unsigned int argc, char **argv,
 {
 	struct dedup_c *dc = ti->private;
 
-	if (!dc->md)
+	if (!dc->md) {
+		/* Loaded but never resumed, or its resume failed. */
+		DMERR("%s: message refused: the table is not active (resume it first)",
+		      dd_name(dc));
 		return -EINVAL;
+	}
 	if (argc == 1 && !strcasecmp(argv[0], "stats"))
 		return dd_message_stats(dc, result, maxlen);
 	if (argc == 1 && !strcasecmp(argv[0], "commit"))
@@ -321,7 +326,7 @@ static int dd_parse_options(struct dedup_c *dc, struct dm_arg_set *as,
 		} else if (!strcasecmp(opt, "early_ack")) {
 			dc->early_ack = true;
 		} else if (!strcasecmp(opt, "read_only")) {
-			dc->read_only = true;
+			dc->read_only_opt = true;
 		} else if (!strcasecmp(opt, "no_read_batching")) {
 			dc->no_read_batching = true;
 		} else if (!strcasecmp(opt, "hash") && count) {
@@ -547,6 +552,12 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	r = dd_parse_options(dc, &as, &hash, &ti->error);
 	if (r)
 		goto bad;
+	/*
+	 * A table loaded read-only (dmsetup --readonly) opens the devices
+	 * read-only: it must not write metadata through them either.
+	 */
+	dc->read_only = dc->read_only_opt ||
+			!(dm_table_get_mode(ti->table) & BLK_OPEN_WRITE);
 	dc->mode = dc->read_only ? DD_MODE_RO : DD_MODE_RW;
 	r = dd_hasher_init(&dc->hasher, hash, &ti->error);
 	if (r)

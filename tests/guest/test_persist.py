@@ -102,6 +102,33 @@ def test_read_only_option(dedup, seed):
     assert dedup.status()["data_used"] == st1["data_used"] + 1
 
 
+def test_a_read_only_table_writes_no_metadata(dedup, seed):
+    """A table loaded read-only (dmsetup --readonly) opens both devices
+    read-only: it is a read_only table, though its line has no option,
+    and the metadata device is not written, at load or at removal (it
+    was, once: a new superblock generation at load and the index save at
+    removal, through a read-only handle)."""
+    exp = write_ids(dedup.path, seed, LAYOUT)
+    st1 = dedup.status()
+    dedup.remove()
+    before = ddlib.file_sha256(dedup.meta)
+    line = ddlib.table_line(dedup.meta, dedup.data, dedup.logical_sectors)
+    ddlib.run(["dmsetup", "create", "--readonly", dedup.name, "--table", line])
+    ddlib.udev_settle()
+    try:
+        st = dedup.status()
+        assert st["mode"] == "ro", st
+        assert ddlib.counters(st) == ddlib.counters(st1), (st, st1)
+        assert "read_only" not in dedup.table().split(), dedup.table()
+        verify_blocks(dedup.path, exp, nblocks=64)
+        dedup.message("commit")
+    finally:
+        ddlib.dm_remove(dedup.name)
+    assert ddlib.file_sha256(dedup.meta) == before, "a read-only table wrote metadata"
+    dedup.activate()
+    verify_blocks(dedup.path, exp, nblocks=64)
+
+
 def test_read_only_open_counts_what_the_journal_stored(backing, seed):
     """A read-only open applies the journal in memory only. Its counters
     must be those of the replayed state, as a read-write open shows them
