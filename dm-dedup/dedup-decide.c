@@ -342,9 +342,13 @@ enum dd_share_result {
 	DD_COPY,	/* the same content, but store a copy of our own */
 };
 
+/* Reads of one candidate that commits may cut short, at most. */
+#define DD_VERIFY_READS	4
+
 /* Share candidate @pba if it holds the write's content; < 0 on error. */
 static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 {
+	unsigned int reads = 0;
 	struct dd_md_freed freed;
 	int r;
 
@@ -369,8 +373,17 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 		up_read(&dc->lock);
 		r = dd_same_content(dc, b, pba);
 		down_read(&dc->lock);
-		if (dc->commit_seq != seq)
-			continue;	/* the block may have been reused */
+		if (dc->commit_seq != seq) {
+			/*
+			 * The block may have been reused: read it again, but
+			 * not for ever while commits keep coming (a flush
+			 * commits each time without a journal): a copy of our
+			 * own ends the wait.
+			 */
+			if (++reads == DD_VERIFY_READS)
+				return DD_COPY;
+			continue;
+		}
 		if (r < 0)
 			return DD_COPY;	/* unreadable: store a copy of its own */
 		if (!r) {
