@@ -43,10 +43,11 @@ const JOURNAL_OWNER: u8 = 0xff;
 
 #[derive(Clone, Debug, Default)]
 pub struct CheckOptions {
-    /// Data blocks the table will have (the data device size): the kernel
-    /// refuses metadata formatted for another size.
+    /// Data blocks the table will have (the data device size; without it,
+    /// the --data device's size): the kernel refuses fewer than the
+    /// metadata's, and grows the metadata to more at activation.
     pub data_blocks: Option<u64>,
-    /// Logical blocks the table will have.
+    /// Logical blocks the table will have: the same rules.
     pub logical_blocks: Option<u64>,
     /// Hash the table will name.
     pub hash: Option<String>,
@@ -247,6 +248,9 @@ pub struct SavedReport {
     /// It was compared with the trees (loadable, and the trees were read
     /// whole); differences are `saved_state_wrong`.
     pub compared: bool,
+    /// Compared, and it differs from the trees (`saved_state_wrong`
+    /// errors were counted, whether listed or not: see max_problems).
+    pub differs: bool,
 }
 
 /// The journal that follows the superblock (format version 2), as replay
@@ -339,6 +343,7 @@ impl Report {
         self.errors == 0
     }
 
+    /// A problem of `code` is listed (not all are: see max_problems).
     pub fn has(&self, code: &str) -> bool {
         self.problems.iter().any(|p| p.code == code)
     }
@@ -539,18 +544,32 @@ impl Live {
     }
 }
 
-/// Entry ranges [first, end) of an array that could not be read.
+/// Entry ranges [first, end) of an array that could not be read, sorted
+/// and disjoint (touching ones merged), so that `contains` is a binary
+/// search: `finish` asks it for every block left over.
 #[derive(Default)]
 struct Damaged(Vec<(u64, u64)>);
 
 impl Damaged {
-    fn add(&mut self, r: (u64, u64)) {
-        if r.0 < r.1 {
-            self.0.push(r);
+    /// The depth-first walk adds ranges in index order, each at or after
+    /// the last one's end: then this appends (or extends the last one).
+    /// Any other range is merged into its place.
+    fn add(&mut self, (mut a, mut b): (u64, u64)) {
+        if a >= b {
+            return;
         }
+        // The ranges that overlap or touch [a, b): [i, j).
+        let i = self.0.partition_point(|&(_, e)| e < a);
+        let j = i + self.0[i..].partition_point(|&(s, _)| s <= b);
+        if i < j {
+            a = a.min(self.0[i].0);
+            b = b.max(self.0[j - 1].1);
+        }
+        self.0.splice(i..j, [(a, b)]);
     }
     fn contains(&self, i: u64) -> bool {
-        self.0.iter().any(|&(a, b)| a <= i && i < b)
+        let k = self.0.partition_point(|&(_, e)| e <= i);
+        self.0.get(k).is_some_and(|&(a, _)| a <= i)
     }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -560,11 +579,52 @@ impl Damaged {
     }
 }
 
+/// The sizes of the table the device is to be loaded with: those named
+/// (--logical-blocks; --data-blocks or the size of the --data device),
+/// else the superblock's. dd_check_sb() refuses a smaller table; dd_grow()
+/// grows the device to a larger one at activation.
+#[derive(Clone, Copy, Debug)]
+struct Table {
+    logical_blocks: u64,
+    data_blocks: u64,
+    /// The data size is the --data device's, not a --data-blocks.
+    data_from_device: bool,
+}
+
+impl Table {
+    /// A table of the superblock's sizes.
+    fn of(sb: &Superblock) -> Table {
+        Table {
+            logical_blocks: sb.logical_blocks,
+            data_blocks: sb.data_blocks,
+            data_from_device: false,
+        }
+    }
+
+    /// The entries array `id` has at the table's sizes.
+    fn entries(&self, id: ArrayId) -> Option<u64> {
+        match id {
+            ArrayId::Map => Some(self.logical_blocks),
+            ArrayId::Refcount | ArrayId::Fingerprint => Some(self.data_blocks),
+            ArrayId::Saved => None,
+        }
+    }
+
+    /// The entries array `id` grows to (dd_grow() calls dd_array_grow()
+    /// for it), if more than it has at the superblock's sizes.
+    fn grows(&self, sb: &Superblock, id: ArrayId) -> Option<u64> {
+        let has = Table::of(sb).entries(id)?;
+        self.entries(id).filter(|&n| n > has)
+    }
+}
+
 struct Walker<'a> {
     dev: &'a dyn BlockDev,
     /// The state checked: the chosen superblock with the journal's
     /// counters.
     sb: &'a Superblock,
+    /// The table's sizes, which may grow the arrays.
+    table: Table,
     /// The journal's new values, laid over the trees as replay sets them.
     overlay: Overlay,
     /// Whole appends replayed (a save is then stale).
@@ -795,14 +855,23 @@ impl Walker<'_> {
         let count = g.leaf_count(leaf_nr) as usize;
         let payload = &blk[HEADER_SIZE..];
         if !is_zero(&payload[count * es..]) {
-            self.warn(
-                "tail_nonzero",
-                At::node(b, id, 0, first + count as u64),
-                format!(
-                    "entries past the end of the array (from index {}) are not zero",
-                    first + count as u64
+            let from = first + count as u64;
+            let at = At::node(b, id, 0, from);
+            let what =
+                format!("entries past the end of the array (from index {from}) are not zero");
+            // dd_array_grow() reads them in the last leaf of an array
+            // that grows, and refuses (-EILSEQ) if any is not zero.
+            match self.table.grows(self.sb, id) {
+                Some(n) => self.error(
+                    "tail_nonzero",
+                    at,
+                    format!(
+                        "{what}: the kernel refuses to grow the array to the table's {n} entries \
+                         (\"metadata is damaged (entries past an array's end)\")"
+                    ),
                 ),
-            );
+                None => self.warn("tail_nonzero", at, what),
+            }
         }
         if id == ArrayId::Saved {
             return self.saved_leaf(payload, first, count);
@@ -926,7 +995,9 @@ impl Walker<'_> {
             return;
         }
         self.summary.live_blocks += 1;
-        self.summary.refcount_sum += rc as u64;
+        // Damaged refcounts may sum past 2^64: the top then matches no
+        // mapped_blocks, and finish() reports the mismatch.
+        self.summary.refcount_sum = self.summary.refcount_sum.saturating_add(rc as u64);
         self.live.insert(pba);
         if let Some(s) = self.saved.as_mut() {
             s.live.insert(pba);
@@ -1326,46 +1397,87 @@ fn check_superblock(sb: &Superblock, dev_blocks: u64, opts: &CheckOptions, w: &m
             format!("metadata_blocks is {}", sb.metadata_blocks),
         );
     }
-    // dd_md_open(): room for the trees at these sizes beside the journal
-    // run the superblock names (none in version 1).
-    let need = open_blocks(sb.logical_blocks, sb.data_blocks).saturating_add(sb.journal_blocks);
+    // dd_md_open(): room for the trees at the table's sizes beside the
+    // journal run the superblock names (none in version 1). A smaller
+    // table is refused before that (below): the superblock's sizes are
+    // the least a table the kernel loads has.
+    let t = w.table;
+    let (l, d) = (
+        t.logical_blocks.max(sb.logical_blocks),
+        t.data_blocks.max(sb.data_blocks),
+    );
+    let need = open_blocks(l, d).saturating_add(sb.journal_blocks);
     if dev_blocks < need {
         e(
             w,
             "device_too_small",
             format!(
-                "the device has {dev_blocks} blocks but {} logical and {} data blocks need {need}: \
-                 the kernel refuses to activate",
-                sb.logical_blocks, sb.data_blocks
+                "the device has {dev_blocks} blocks but {l} logical and {d} data blocks need {need}: \
+                 the kernel refuses to activate (\"metadata device too small\")"
             ),
         );
     }
-    let hash = sb.hash();
-    if let Some(d) = opts.data_blocks {
-        if d != sb.data_blocks {
+    // dd_check_sb(): a smaller table is refused, a larger one grown.
+    let data_named = if t.data_from_device {
+        format!("the data device (--data) has {} blocks,", t.data_blocks)
+    } else {
+        format!("--data-blocks {} is", t.data_blocks)
+    };
+    for (named, field, what, n, has) in [
+        (
+            data_named,
+            "data_blocks",
+            "data device",
+            t.data_blocks,
+            sb.data_blocks,
+        ),
+        (
+            format!("--logical-blocks {} is", t.logical_blocks),
+            "logical_blocks",
+            "logical size",
+            t.logical_blocks,
+            sb.logical_blocks,
+        ),
+    ] {
+        if n < has {
             e(
                 w,
                 "table_mismatch",
                 format!(
-                    "data device size differs from the metadata: --data-blocks {d}, data_blocks {}",
-                    sb.data_blocks
+                    "{named} smaller than {field} {has}: the kernel refuses a smaller table \
+                     (\"cannot shrink the {what} (field {field})\")"
                 ),
             );
+        } else if n > has {
+            let mut msg = format!(
+                "{named} larger than {field} {has}: the kernel grows the {what} to {n} blocks \
+                 when it activates this table (not a read-only table: \"cannot grow a \
+                 read-only device\")"
+            );
+            if sb.flags & SB_NEEDS_CHECK != 0 {
+                msg += "; needs_check is set, so it opens the device read-only and refuses the \
+                        table (\"cannot grow a device flagged needs_check: run dedup check \
+                        first\") until `dedup check --clear-needs-check` clears the flag";
+            }
+            w.warn("table_grows", At::sb(), msg);
         }
     }
-    if let Some(l) = opts.logical_blocks {
-        if l != sb.logical_blocks {
-            e(
-                w,
-                "table_mismatch",
-                format!(
-                    "logical size differs from the metadata: --logical-blocks {l}, logical_blocks {}",
-                    sb.logical_blocks
-                ),
-            );
-        }
+    // dd_check_sb(): no growth at DD_MAX_TXN (above it, txn_too_large:
+    // refused before).
+    let grows = t.logical_blocks > sb.logical_blocks || t.data_blocks > sb.data_blocks;
+    if grows && sb.generation() == MAX_TXN {
+        e(
+            w,
+            "grow_refused",
+            format!(
+                "the table is larger than the metadata, but generation {MAX_TXN} is the \
+                 transaction id limit (DD_MAX_TXN): the kernel refuses it (\"cannot grow at the \
+                 transaction id limit: run dedup repair\")"
+            ),
+        );
     }
     if let Some(h) = &opts.hash {
+        let hash = sb.hash();
         if *h != hash {
             e(
                 w,
@@ -1530,6 +1642,19 @@ pub fn check_with_data(
             sb.metadata_blocks
         )));
     }
+    let table = match (opts.data_blocks, data.map(|d| d.nr_blocks())) {
+        (Some(n), Some(m)) if n != m => {
+            return Err(Fatal(format!(
+                "--data-blocks {n} but the data device (--data) has {m} blocks: the table's \
+                 data device is the one --data names"
+            )))
+        }
+        (n, m) => Table {
+            logical_blocks: opts.logical_blocks.unwrap_or(sb.logical_blocks),
+            data_blocks: n.or(m).unwrap_or(sb.data_blocks),
+            data_from_device: n.is_none() && m.is_some(),
+        },
+    };
     let data = match data {
         Some(d) => Some((d, fingerprint::data_hasher(sb, d)?)),
         None => None,
@@ -1560,6 +1685,7 @@ pub fn check_with_data(
     let mut w = Walker {
         dev,
         sb: &state,
+        table,
         overlay: replay
             .as_ref()
             .map(|r| Overlay::of(&r.appends))
@@ -1584,7 +1710,7 @@ pub fn check_with_data(
         data,
         unverified: Vec::new(),
         saved: (sb.saved_root != 0)
-            .then(|| saved::SavedWalk::new(dev_blocks, sb.data_blocks, dense_limit)),
+            .then(|| saved::SavedWalk::new(dev_blocks, table.data_blocks, dense_limit)),
     };
     for (i, st) in states.iter().enumerate() {
         if i == best {
@@ -1763,7 +1889,7 @@ pub fn render(report: &Report, device: &str) -> String {
             s.blocks,
             s.root,
             match (s.loadable, s.compared) {
-                (true, true) if report.has(saved::WRONG) => "loadable, differs from the trees",
+                (true, true) if s.differs => "loadable, differs from the trees",
                 (true, true) => "loadable, matches the trees",
                 (true, false) => "loadable, not compared with the damaged trees",
                 (false, _) => "not loadable (the kernel rebuilds it from the trees)",

@@ -541,25 +541,179 @@ fn generation_at_the_limit_is_fine_above_is_an_error() {
     assert_eq!((v[0].0, v[0].1), (Severity::Error, "txn_too_large"));
 }
 
+/// `d` checked against a table of these sizes (None: the superblock's).
+fn with_table(d: &MemDev, data: Option<u64>, logical: Option<u64>) -> Report {
+    let opts = CheckOptions {
+        data_blocks: data,
+        logical_blocks: logical,
+        ..CheckOptions::default()
+    };
+    check(d, &opts).unwrap().0
+}
+
+/// Assert that `r` has a problem of `code` and `sev` whose message says
+/// `text`.
+fn says(r: &Report, code: &str, sev: Severity, text: &str) {
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.code == code && p.severity == sev && p.message.contains(text)),
+        "no {code} ({sev:?}) saying {text:?} in {:#?}",
+        r.problems
+    );
+}
+
+fn messages<'a>(r: &'a Report, code: &str) -> Vec<&'a str> {
+    r.problems
+        .iter()
+        .filter(|p| p.code == code)
+        .map(|p| p.message.as_str())
+        .collect()
+}
+
 #[test]
 fn table_mismatch() {
     let (d, _) = sample();
+    // Smaller sizes: dd_check_sb() refuses to shrink; another hash too.
     let opts = CheckOptions {
-        data_blocks: Some(DATA + 1),
-        logical_blocks: Some(LOGICAL),
+        data_blocks: Some(DATA - 1),
+        logical_blocks: Some(LOGICAL - 1),
         hash: Some("sha512".into()),
         ..CheckOptions::default()
     };
     let r = check(&d, &opts).unwrap().0;
-    let msgs: Vec<_> = r
+    let msgs = messages(&r, "table_mismatch");
+    assert_eq!(msgs.len(), 3, "{msgs:?}");
+    assert_eq!(r.errors, 3, "{:#?}", r.problems);
+    assert!(
+        msgs[0].contains("--data-blocks 299 is smaller than data_blocks 300")
+            && msgs[0].contains("cannot shrink the data device"),
+        "{}",
+        msgs[0]
+    );
+    assert!(
+        msgs[1].contains("--logical-blocks 1999 is smaller than logical_blocks 2000")
+            && msgs[1].contains("cannot shrink the logical size"),
+        "{}",
+        msgs[1]
+    );
+    assert!(msgs[2].contains("--hash sha512"));
+
+    // Larger sizes: the kernel grows the device at activation (dd_grow);
+    // a warning, not an error. These need no more metadata blocks.
+    let r = with_table(&d, Some(DATA + 1), Some(LOGICAL + 32));
+    assert!(r.clean(), "{:#?}", r.problems);
+    assert_eq!(codes(&r), ["table_grows", "table_grows"]);
+    assert!(r.problems.iter().all(|p| p.severity == Severity::Warning));
+    let msgs = messages(&r, "table_grows");
+    assert!(
+        msgs[0].contains(
+            "--data-blocks 301 is larger than data_blocks 300: the kernel grows the data \
+             device to 301 blocks when it activates this table"
+        ),
+        "{}",
+        msgs[0]
+    );
+    assert!(
+        msgs[1].contains("--logical-blocks 2032 is larger than logical_blocks 2000"),
+        "{}",
+        msgs[1]
+    );
+    // The same sizes: nothing to say.
+    assert!(with_table(&d, Some(DATA), Some(LOGICAL))
         .problems
-        .iter()
-        .filter(|p| p.code == "table_mismatch")
-        .map(|p| p.message.as_str())
-        .collect();
-    assert_eq!(msgs.len(), 2, "{msgs:?}");
-    assert!(msgs[0].contains("--data-blocks 301"));
-    assert!(msgs[1].contains("--hash sha512"));
+        .is_empty());
+}
+
+#[test]
+fn a_larger_table_is_held_to_what_the_kernel_grows() {
+    let (d, layout) = sample();
+    // dd_md_open(): the trees at the table's sizes beside the journal.
+    let r = with_table(&d, None, Some(100_000));
+    let need = open_blocks(100_000, DATA) + layout.journal_blocks;
+    let text = format!("100000 logical and 300 data blocks need {need}");
+    says(&r, "device_too_small", Severity::Error, &text);
+
+    // dd_array_grow(): non-zero entries past the end of the last leaf of
+    // an array that grows are refused (-EILSEQ); of one that does not,
+    // nobody reads them. The last LBA mapped: the last map leaf is there.
+    let mut mappings = sample_mappings();
+    mappings.push((LOGICAL - 1, 0));
+    let blocks = required_blocks(LOGICAL, DATA) + 8;
+    let spec = ImageSpec::consistent(
+        sb_for(LOGICAL, DATA, blocks, 5),
+        &mappings,
+        test_fingerprint,
+    );
+    let (mut d, layout) = build(&spec);
+    assert!(run(&d).problems.is_empty());
+    d.block_mut(layout.refcount_root)[HEADER_SIZE + DATA as usize * 4] = 1;
+    reseal(&mut d, layout.refcount_root);
+    let last_map_leaf = child(&d, layout.map_root, 3);
+    assert_ne!(last_map_leaf, 0);
+    d.block_mut(last_map_leaf)[HEADER_SIZE + (LOGICAL as usize - 3 * 508) * 8 + 7] = 1;
+    reseal(&mut d, last_map_leaf);
+    let tails = |r: &Report| -> Vec<(Severity, Option<&str>)> {
+        r.problems
+            .iter()
+            .filter(|p| p.code == "tail_nonzero")
+            .map(|p| (p.severity, p.array))
+            .collect()
+    };
+    let r = run(&d);
+    assert_eq!(
+        tails(&r),
+        [
+            (Severity::Warning, Some("map")),
+            (Severity::Warning, Some("refcount"))
+        ]
+    );
+    assert!(r.clean());
+    let r = with_table(&d, Some(DATA + 1), None);
+    assert_eq!(
+        tails(&r),
+        [
+            (Severity::Warning, Some("map")),
+            (Severity::Error, Some("refcount"))
+        ]
+    );
+    let text = "the kernel refuses to grow the array to the table's 301 entries";
+    says(&r, "tail_nonzero", Severity::Error, text);
+    let r = with_table(&d, None, Some(LOGICAL + 1));
+    assert_eq!(
+        tails(&r),
+        [
+            (Severity::Error, Some("map")),
+            (Severity::Warning, Some("refcount"))
+        ]
+    );
+
+    // dd_check_sb(): no growth at DD_MAX_TXN.
+    let mut spec = sample_spec();
+    spec.sb.header.txn = MAX_TXN;
+    let (d, _) = build(&spec);
+    assert!(with_table(&d, Some(DATA), Some(LOGICAL)).clean());
+    let r = with_table(&d, Some(DATA + 1), None);
+    let text = "cannot grow at the transaction id limit";
+    says(&r, "grow_refused", Severity::Error, text);
+
+    // dd_check_sb(): no growth of a device flagged needs_check (opened
+    // read-only) until `check --clear-needs-check` clears the flag.
+    let (mut d, _) = sample();
+    edit_sb(&mut d, |sb| sb.flags = SB_NEEDS_CHECK);
+    let r = with_table(&d, None, Some(LOGICAL + 1));
+    assert!(r.clean(), "{:#?}", r.problems);
+    let text = "cannot grow a device flagged needs_check: run dedup check first";
+    says(&r, "table_grows", Severity::Warning, text);
+
+    // A save written for the smaller data device is not loaded: the
+    // kernel compares it with the table's size (dd_saved_load()).
+    let (d, _, _) = saved_sample(|_, _| {});
+    let r = with_table(&d, Some(SAVED_DATA + 1), None);
+    assert!(r.clean(), "{:#?}", r.problems);
+    let text = "written for 1100 data blocks, the table has 1101";
+    says(&r, saved::STALE, Severity::Warning, text);
+    assert!(!r.saved.as_ref().unwrap().loadable);
 }
 
 #[test]
@@ -900,7 +1054,34 @@ fn data_device_of_the_wrong_size_is_fatal() {
     );
     // A trailing partial block is ignored, as the kernel does.
     f.set_len(DATA * BLOCK_SIZE as u64 + 100).unwrap();
-    assert!(pair.check().unwrap().clean());
+    let r = pair.check().unwrap();
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+    // A larger one is a grown table: the kernel takes it.
+    f.set_len((DATA + 1) * BLOCK_SIZE as u64).unwrap();
+    let r = pair.check().unwrap();
+    assert!(r.clean(), "{:#?}", r.problems);
+    assert_eq!(codes(&r), ["table_grows"]);
+    assert!(
+        r.problems[0]
+            .message
+            .contains("the data device (--data) has 301 blocks, larger than data_blocks 300"),
+        "{}",
+        r.problems[0].message
+    );
+    assert_eq!(r.summary.as_ref().unwrap().data_blocks_verified, Some(250));
+    // --data-blocks must then agree with it.
+    use crate::device::FileDev;
+    let meta = FileDev::open(&pair.meta, false).unwrap();
+    let data = FileDev::open(&pair.data, false).unwrap();
+    let opts = CheckOptions {
+        data_blocks: Some(DATA),
+        ..CheckOptions::default()
+    };
+    let e = check_with_data(&meta, Some(&data), &opts).unwrap_err();
+    assert!(
+        e.0.contains("--data-blocks 300 but the data device (--data) has 301 blocks"),
+        "{e}"
+    );
 }
 
 /// A device with one unreadable block (repair's tests use it too).
@@ -1818,4 +1999,120 @@ fn clearing_needs_check_keeps_unflushed_appends() {
     assert_eq!(c, contents_of(&j.states[1]));
     let u = r.journal.unwrap().unflushed.unwrap();
     assert_eq!(u.first_seq, a1);
+}
+
+#[test]
+fn damaged_ranges_are_searched_at_their_edges() {
+    let mut d = Damaged::default();
+    assert!(!d.contains(0));
+    // In index order, as the depth-first walk adds them; an empty range
+    // is not added, and one that touches the last is merged with it.
+    for r in [(10, 20), (20, 25), (30, 31), (40, 40), (100, 508)] {
+        d.add(r);
+    }
+    assert_eq!(d.0, [(10, 25), (30, 31), (100, 508)]);
+    assert_eq!(d.entries(), 15 + 1 + 408);
+    for (i, want) in [
+        (0, false),
+        (9, false),
+        (10, true),
+        (19, true),
+        (20, true),
+        (24, true),
+        (25, false),
+        (29, false),
+        (30, true),
+        (31, false),
+        (40, false),
+        (99, false),
+        (100, true),
+        (507, true),
+        (508, false),
+        (u64::MAX, false),
+    ] {
+        assert_eq!(d.contains(i), want, "{i}");
+    }
+    // Out of order or overlapping (not from the walk): still sorted and
+    // disjoint, each entry counted once.
+    d.add((0, 5));
+    d.add((15, 35));
+    d.add((500, 600));
+    assert_eq!(d.0, [(0, 5), (10, 35), (100, 600)]);
+    assert_eq!(d.entries(), 5 + 25 + 500);
+    assert!(d.contains(4) && !d.contains(5) && d.contains(34) && !d.contains(35));
+    assert!(d.contains(599) && !d.contains(600));
+}
+
+#[test]
+fn saved_state_line_does_not_depend_on_the_listed_problems() {
+    let (mut d, _, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5));
+    // A damaged other slot: a warning listed before the save's error.
+    let other = 1 - pick_superblock(&read_slots(&d)).unwrap() as u64;
+    d.block_mut(other)[100] = 1;
+    let opts = CheckOptions {
+        max_problems: 1,
+        ..CheckOptions::default()
+    };
+    let r = check(&d, &opts).unwrap().0;
+    assert_eq!(codes(&r), ["other_slot_bad"], "{:#?}", r.problems);
+    assert_eq!((r.errors, r.unlisted_problems), (1, 1));
+    assert!(r.saved.as_ref().unwrap().differs);
+    let text = render(&r, "img");
+    assert!(text.contains("loadable, differs from the trees"), "{text}");
+    // All listed: the same line.
+    let r = run(&d);
+    assert!(r.has(saved::WRONG));
+    assert!(render(&r, "img").contains("loadable, differs from the trees"));
+    // A save that matches says so.
+    let (d, _, _) = saved_sample(|_, _| {});
+    let r = run(&d);
+    assert!(!r.saved.as_ref().unwrap().differs);
+    assert!(render(&r, "img").contains("loadable, matches the trees"));
+}
+
+/// A walker over `d` with nothing walked yet, for tests of one step.
+fn bare_walker<'a>(d: &'a MemDev, sb: &'a Superblock) -> Walker<'a> {
+    Walker {
+        dev: d,
+        sb,
+        table: Table::of(sb),
+        overlay: Overlay::default(),
+        journal_appends: 0,
+        problems: Problems {
+            list: Vec::new(),
+            max: 0,
+            errors: 0,
+            warnings: 0,
+            unlisted: 0,
+        },
+        owner: vec![0; sb.metadata_blocks as usize],
+        counts: Counts::new(sb.data_blocks, DENSE_LIMIT),
+        live: Live::new(sb.data_blocks, DENSE_LIMIT),
+        damaged: Default::default(),
+        summary: Summary::default(),
+        fp_size: FP_SIZE,
+        contents: None,
+        fps: Vec::new(),
+        first_placeholder: 0,
+        data: None,
+        unverified: Vec::new(),
+        saved: None,
+    }
+}
+
+#[test]
+fn refcount_sum_saturates() {
+    let (d, _) = sample();
+    let sb = Superblock::decode(d.block(pick_superblock(&read_slots(&d)).unwrap() as u64));
+    let mut w = bare_walker(&d, &sb);
+    // Damaged refcounts can sum past 2^64 (2^32 blocks of refcount
+    // 2^32 - 1): the sum stops at the top, which no mapped_blocks matches.
+    w.summary.refcount_sum = u64::MAX - 10;
+    w.refcount_entry(0, u32::MAX, None);
+    w.refcount_entry(1, 1, None);
+    assert_eq!(w.summary.refcount_sum, u64::MAX);
+    assert_eq!(w.summary.live_blocks, 2);
+    w.finish();
+    assert!(w.problems.list.iter().any(|p| p.code == "counter_mismatch"
+        && p.message.contains("refcounts sum to 18446744073709551615")));
 }

@@ -35,7 +35,8 @@ use crate::util::*;
 pub const DEFAULT_BLOCK_SIZES: [u32; 4] = [4096, 8192, 16384, 32768];
 /// Bytes read per request: large and sequential.
 pub const CHUNK: usize = 8 << 20;
-/// Largest block size accepted (a chunk holds a whole number of them).
+/// Largest block size accepted. Block sizes are powers of two from 4 KiB
+/// to this, so that a chunk holds a whole number of them.
 pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
 const SHARDS: usize = 256;
 
@@ -135,9 +136,16 @@ fn fp_group(parts: &[Option<u128>]) -> Option<u128> {
 }
 
 impl Scanner {
-    /// `sizes`: multiples of 4096, at most MAX_BLOCK_SIZE; 4096 is always
-    /// included (the target's size).
+    /// `sizes`: powers of two from 4096 to MAX_BLOCK_SIZE (so that CHUNK
+    /// holds whole blocks: `process` groups the 4 KiB parts of one chunk
+    /// only); 4096 is always included (the target's size).
     pub fn new(sizes: &[u32]) -> Scanner {
+        assert!(
+            sizes
+                .iter()
+                .all(|&n| n.is_power_of_two() && (BLOCK_SIZE as u32..=MAX_BLOCK_SIZE).contains(&n)),
+            "block sizes {sizes:?}"
+        );
         let mut s: Vec<u32> = sizes.to_vec();
         s.push(BLOCK_SIZE as u32);
         s.sort_unstable();
@@ -490,9 +498,11 @@ pub fn parse_block_sizes(s: &str) -> Result<Vec<u32>, String> {
     let mut v = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let n = parse_size(part)?;
-        if n == 0 || n % BLOCK_SIZE as u64 != 0 || n > MAX_BLOCK_SIZE as u64 {
+        // A power of two divides CHUNK, so a chunk holds whole blocks.
+        if !n.is_power_of_two() || !(BLOCK_SIZE as u64..=MAX_BLOCK_SIZE as u64).contains(&n) {
             return Err(format!(
-                "block size {part}: must be a multiple of 4096 up to {MAX_BLOCK_SIZE}"
+                "block size {part}: must be a power of two from 4K to 1M \
+                 (4K, 8K, 16K, 32K, 64K, 128K, 256K, 512K, 1M)"
             ));
         }
         v.push(n as u32);
@@ -701,6 +711,24 @@ mod tests {
         assert!(parse_block_sizes("1000").is_err());
         assert!(parse_block_sizes("2M").is_err());
         assert!(parse_block_sizes("").is_err());
+    }
+
+    #[test]
+    fn block_sizes_must_be_powers_of_two() {
+        // A chunk (8 MiB) holds a whole number of blocks only when the
+        // block size is a power of two: 12K would end every chunk in a
+        // padded block that is not in the input.
+        for bad in ["12K", "20K", "24576", "1020K"] {
+            let e = parse_block_sizes(bad).unwrap_err();
+            assert!(e.contains("power of two"), "{bad}: {e}");
+            assert!(
+                e.contains("4K, 8K, 16K, 32K, 64K, 128K, 256K, 512K, 1M"),
+                "{e}"
+            );
+        }
+        let all = parse_block_sizes("4K,8K,16K,32K,64K,128K,256K,512K,1M").unwrap();
+        assert_eq!(all.len(), 9);
+        assert!(all.iter().all(|&n| CHUNK.is_multiple_of(n as usize)));
     }
 
     #[test]

@@ -103,8 +103,11 @@ impl Hasher {
 }
 
 /// The hasher for reading `data` as the data device of the metadata `sb`
-/// describes. Refused: a hash this tool cannot compute, and a device of
-/// another size, which is the wrong device (the kernel refuses the pair).
+/// describes. Refused: a hash this tool cannot compute, and a device
+/// smaller than the metadata's data_blocks, which is the wrong device (the
+/// kernel refuses the pair: "cannot shrink the data device"). A larger one
+/// is a grown device, which the kernel takes (dd_grow()); only the blocks
+/// the metadata describes are read.
 pub fn data_hasher(sb: &Superblock, data: &dyn BlockDev) -> Result<Hasher, Fatal> {
     let name = sb.hash();
     let h = Hasher::from_name(&name).ok_or_else(|| {
@@ -113,10 +116,10 @@ pub fn data_hasher(sb: &Superblock, data: &dyn BlockDev) -> Result<Hasher, Fatal
              (it computes {COMPUTABLE}); run without --data"
         ))
     })?;
-    if data.nr_blocks() != sb.data_blocks {
+    if data.nr_blocks() < sb.data_blocks {
         return Err(Fatal(format!(
             "--data: the data device has {} blocks of 4 KiB but the metadata describes {} \
-             (the kernel would refuse this pair): wrong device?",
+             (the kernel refuses a smaller data device): wrong device?",
             data.nr_blocks(),
             sb.data_blocks
         )));

@@ -104,7 +104,8 @@ enum Command {
 /// is an error (fingerprint_mismatch), since a later write of the content
 /// the record names would be mapped onto this block's other bytes.
 /// Placeholder records written by `dedup repair` are skipped. The data
-/// device must have the size the metadata describes; it is only read.
+/// device must have at least the size the metadata describes (a larger
+/// one is a grown table, as with a larger --data-blocks); it is only read.
 /// Hashes this tool computes: sha256, sha384, sha512, sha3-256, sha3-384,
 /// sha3-512, blake2b-256, blake2b-384, blake2b-512, crc32c, crc32,
 /// xxhash64.
@@ -117,12 +118,19 @@ enum Command {
 struct CheckArgs {
     /// Metadata device or image file.
     device: PathBuf,
-    /// Also require the superblock to match a table whose data device has
-    /// this many 4 KiB blocks (the kernel refuses a mismatch).
+    /// Also check the metadata against a table whose data device has this
+    /// many 4 KiB blocks (default: the --data device's size). Fewer than
+    /// the superblock's data_blocks is an error (table_mismatch: the
+    /// kernel refuses to shrink); more is a warning (table_grows: the
+    /// kernel grows the device at activation), and an error where the
+    /// kernel would refuse to grow (metadata device too small for the new
+    /// sizes, non-zero entries past an array's end, generation at
+    /// DD_MAX_TXN).
     #[arg(long, value_name = "N")]
     data_blocks: Option<u64>,
-    /// Also require the superblock to match this logical size in 4 KiB
-    /// blocks (the target length in sectors / 8).
+    /// Also check the metadata against this logical size in 4 KiB blocks
+    /// (the target length in sectors / 8), as --data-blocks: smaller is an
+    /// error, larger a warning unless the kernel would refuse to grow.
     #[arg(long, value_name = "N")]
     logical_blocks: Option<u64>,
     /// Also require this hash algorithm.
@@ -420,8 +428,9 @@ struct EstimateArgs {
     /// Print JSON (see README.md for the schema).
     #[arg(long)]
     json: bool,
-    /// Block sizes to report, comma separated, multiples of 4096 up to 1M
-    /// (K and M suffixes allowed).
+    /// Block sizes to report, comma separated, powers of two from 4K to 1M
+    /// (4K, 8K, 16K, 32K, 64K, 128K, 256K, 512K, 1M; K and M suffixes or
+    /// bytes).
     #[arg(long, value_name = "LIST", default_value = "4096,8192,16384,32768", value_parser = parse_block_sizes)]
     block_sizes: BlockSizes,
     /// Show progress on stderr even when it is not a terminal.

@@ -54,9 +54,9 @@ fn set_bits(k: u64, mut bits: u64) -> impl Iterator<Item = u64> {
 /// What the kernel would find reading the save, collected as the walk
 /// hands over its leaves (in index order, as dd_array_walk does).
 pub(super) struct SavedWalk {
-    /// The metadata device's size and the superblock's data blocks, which
-    /// the kernel compares the header with (a table of another size is
-    /// `table_mismatch`).
+    /// The metadata device's size and the table's data blocks (the
+    /// superblock's, or more: a grown table), which the kernel compares
+    /// the header with (a smaller table is `table_mismatch`).
     device_blocks: u64,
     data_blocks: u64,
     pub(super) blocks: u64,
@@ -173,10 +173,17 @@ impl SavedWalk {
                 );
             }
             if db != self.data_blocks {
+                // The table's size, which a larger table grows the
+                // superblock's to before the save is read.
+                let whose = if self.data_blocks == sb.data_blocks {
+                    "the superblock"
+                } else {
+                    "the table"
+                };
                 stale(
                     fmt::W_DATA_BLOCKS,
                     format!(
-                        "written for {db} data blocks, the superblock has {}",
+                        "written for {db} data blocks, {whose} has {}",
                         self.data_blocks
                     ),
                 );
@@ -603,6 +610,7 @@ impl Walker<'_> {
                 blocks: s.blocks,
                 loadable: false,
                 compared: false,
+                differs: false,
             });
         }
         s.judge(self.sb, &self.owner);
@@ -610,6 +618,7 @@ impl Walker<'_> {
         for (at, why) in std::mem::take(&mut s.stale) {
             self.warn(STALE, at, format!("{why}; the kernel would not load it"));
         }
+        let differs = loadable && trees_whole && !s.wrong.is_empty();
         if loadable && trees_whole {
             for (at, why) in std::mem::take(&mut s.wrong) {
                 self.report(
@@ -626,6 +635,7 @@ impl Walker<'_> {
             blocks: s.blocks,
             loadable,
             compared: loadable && trees_whole,
+            differs,
         })
     }
 }

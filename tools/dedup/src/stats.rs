@@ -205,9 +205,14 @@ pub fn combine(name: &str, st: &Status, msg: Option<&BTreeMap<String, String>>) 
         _ if dedup_ratio > 0.0 => 100.0 * (1.0 - 1.0 / dedup_ratio),
         _ => 0.0,
     };
-    let written = st.unique_writes + st.duplicate_writes + st.zero_writes;
+    // The counters come from the superblock unchecked: saturate, so that
+    // 0 <= written - unique <= written and the share stays in 0..=100 %.
+    let written = st
+        .unique_writes
+        .saturating_add(st.duplicate_writes)
+        .saturating_add(st.zero_writes);
     let write_savings_percent = if written > 0 {
-        100.0 * (written - st.unique_writes) as f64 / written as f64
+        100.0 * written.saturating_sub(st.unique_writes) as f64 / written as f64
     } else {
         0.0
     };
@@ -814,6 +819,34 @@ hash sha256
         );
         assert!(parse_message("\n").is_err());
         assert!(parse_message("lonely\n").is_err());
+    }
+
+    #[test]
+    fn write_counters_near_the_top_do_not_overflow() {
+        // The counters come from the superblock unchecked: their sum can
+        // pass 2^64, and the share stays within 0..=100 %.
+        let max = u64::MAX.to_string();
+        for (counters, want) in [
+            (format!("9000 {max} 3500 500 200"), 0.0),
+            (format!("9000 5 {max} 500 200"), 100.0),
+            (format!("9000 {max} {max} {max} 200"), 0.0),
+            ("9000 0 0 0 200".to_string(), 0.0),
+        ] {
+            let line = STATUS.replace("9000 5000 3500 500 200", &counters);
+            let st = &parse_status(&line).unwrap()[0];
+            let s = combine("vol", st, None);
+            assert!(
+                (0.0..=100.0).contains(&s.write_savings_percent),
+                "{counters}: {}",
+                s.write_savings_percent
+            );
+            assert!((s.write_savings_percent - want).abs() < 1e-9, "{counters}");
+            let text = render(&s);
+            assert!(
+                text.contains(&format!("write savings              {want:.1}%")),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -189,10 +189,22 @@ fn format_then_check() {
     assert_eq!(j["journal"]["blocks_in_epoch"], 0);
     assert_eq!(j["slots"][0]["state"], "zero");
 
-    // The table disagrees: errors.
-    let o = dedup(&["check", s(&m), "--data-blocks", "5001"]);
+    // A smaller table: the kernel refuses it, an error.
+    let o = dedup(&["check", s(&m), "--data-blocks", "4999"]);
     assert_eq!(code(&o), 4);
-    assert!(out(&o).contains("data device size differs"));
+    assert!(
+        out(&o).contains("cannot shrink the data device"),
+        "{}",
+        out(&o)
+    );
+    // A larger one: the kernel grows the device, a warning.
+    let o = dedup(&["check", s(&m), "--data-blocks", "5001"]);
+    assert_eq!(code(&o), 0, "{}", out(&o));
+    assert!(
+        out(&o).contains("the kernel grows the data device to 5001 blocks when it activates"),
+        "{}",
+        out(&o)
+    );
 
     // Formatting again needs --force.
     let o = dedup(&[
