@@ -8,7 +8,10 @@
 #      suite under UML (scripts/kunit.sh; ~10 min the first time)
 #   4. scripts/guest-run.sh: boots the Debian 6.12 guest once and runs the
 #      pytest suite tests/guest inside it (Debian's /bin/python3)
-# Exits with pytest's status (124 on timeout, 125 if the guest died).
+# Exits with pytest's status (124 on timeout, 125 if the guest died). A full
+# run (PYTEST_ARGS empty) fails if any test was skipped, xfailed, xpassed or
+# deselected: conftest.py sets pytest's status (DD_FULL_RUN=1), and the
+# summary line is checked here as well.
 #
 # Environment:
 #   DEDUP_TEST_OUT   host directory for pytest.log, junit.xml, console.log
@@ -69,9 +72,12 @@ mkdir -p "$OUT"
 rm -f "$OUT/pytest.log" "$OUT/junit.xml" "$OUT/console.log"
 
 q() { printf '%q' "$1"; }
+# A full run: every test, none skipped, xfailed or deselected.
+FULL_RUN=1
+[ -z "${PYTEST_ARGS:-}" ] || FULL_RUN=0
 GUEST_CMD="set -o pipefail
 export PYTHONDONTWRITEBYTECODE=1 DEDUP_REPO=$(q "$REPO") DEDUP_KO=$(q "$KO") DEDUP_BIN=$(q "$DEDUP_BIN")
-export PYTEST_ARGS_SUBSET=$(q "${PYTEST_ARGS:+1}") DD_TEST_TIMEOUT=$(q "${DD_TEST_TIMEOUT:-900}") DD_FS_TREE_MB=$(q "${DD_FS_TREE_MB:-20}")
+export PYTEST_ARGS_SUBSET=$(q "${PYTEST_ARGS:+1}") DD_FULL_RUN=$FULL_RUN DD_TEST_TIMEOUT=$(q "${DD_TEST_TIMEOUT:-900}") DD_FS_TREE_MB=$(q "${DD_FS_TREE_MB:-20}")
 export DD_TORTURE_TRIALS=$(q "${DD_TORTURE_TRIALS:-0}")
 cd $(q "$REPO")
 /bin/python3 -m pytest -v -p no:cacheprovider --durations=15 --junitxml=$(q "$OUT/junit.xml") \
@@ -87,6 +93,10 @@ summary=$(grep -E '^=+ .*[0-9]+ (passed|failed|error|errors|skipped|deselected)|
 if [ -n "$summary" ] && [ "$rc" -le 5 ]; then
     say "pytest exit status $rc"
     echo "$summary"
+    if [ "$FULL_RUN" = 1 ] && [[ "$summary" =~ [0-9]+\ (skipped|xfailed|xpassed|deselected) ]]; then
+        say "a full run may not skip, xfail or deselect a test: FAILED"
+        [ "$rc" != 0 ] || rc=1
+    fi
 else
     passed=$(grep -cE ' PASSED( |$)' "$OUT/pytest.log" 2>/dev/null || true)
     failed=$(grep -cE ' (FAILED|ERROR)( |$)' "$OUT/pytest.log" 2>/dev/null || true)

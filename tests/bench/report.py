@@ -88,13 +88,24 @@ def targets(res, groups):
         return r["median"] if r else None
 
     def add(text, num, den, goal, higher=True):
-        if num is None or not den:
-            out.append((text, "not measured", goal, "-"))
+        """A bar on the ratio num / den. Either figure missing, or one that
+        cannot be a measurement (a denominator <= 0; a negative numerator;
+        for a lower-is-better bar, a numerator of 0: no time or memory at
+        all), is "not measured", never met."""
+        goal_text = ("at least " if higher else "at most ") + "%.2fx" % goal
+        if num is None or den is None:
+            out.append((text, "not measured", goal_text, "-"))
+            return
+        if den <= 0 or num < 0 or (num == 0 and not higher):
+            out.append((text, "not measured (invalid figures: %g / %g)" % (num, den),
+                        goal_text, "-"))
             return
         v = num / den
         met = v >= goal if higher else v <= goal
-        out.append((text, "%.2fx" % v, ("at least " if higher else "at most ") + "%.2fx" % goal,
-                    "met" if met else "MISSED"))
+        out.append((text, "%.2fx" % v, goal_text, "met" if met else "MISSED"))
+
+    def absent(text, goal):
+        out.append((text, "not measured", goal, "-"))
 
     pool = {p["stack"]: p for p in res.get("pool", [])}
     # The early_ack stack, when measured, gets its own rows for the writes.
@@ -106,18 +117,21 @@ def targets(res, groups):
             add("4 KiB random writes, %s duplicates: %s / dm-vdo IOPS" % (
                 dup.replace("%", " %"), name),
                 med("randwrite", dup, s), med("randwrite", dup, "vdo"), goal)
-        if s in pool and "vdo" in pool:
-            add("VM-pool ingest time: %s / dm-vdo" % name, pool[s]["ingest_secs"],
-                pool["vdo"]["ingest_secs"], 0.8, higher=False)
+        # a stack missing from the pool results: the bar is not measured
+        add("VM-pool ingest time: %s / dm-vdo" % name, pool.get(s, {}).get("ingest_secs"),
+            pool.get("vdo", {}).get("ingest_secs"), 0.8, higher=False)
     est = res.get("pool_estimate")
-    if "dedup" in pool and est:
+    stored_text = "VM-pool stored blocks: dm-dedup vs ``dedup estimate`` (4 KiB)"
+    if "dedup" in pool and est and est.get("stored_blocks", 0) > 0:
         # The estimator counts the images' blocks; the stack also stores the
         # file system's own metadata, a fraction of a percent here.
         extra = pool["dedup"]["stored_blocks"] - est["stored_blocks"]
         share = 100.0 * extra / est["stored_blocks"]
-        out.append(("VM-pool stored blocks: dm-dedup vs ``dedup estimate`` (4 KiB)",
+        out.append((stored_text,
                     "%+d blocks (%+.2f %%)" % (extra, share), "within 0.5 %",
                     "met" if abs(share) <= 0.5 else "MISSED"))
+    else:
+        absent(stored_text, "within 0.5 %")
     limit = res.get("machine", {}).get("kernel_sha256_4k_all_cpus_bytes_per_sec")
     for s, name in variants:
         for dup, what in (("0%", "unique"), ("100%", "100 %-duplicate")):
@@ -141,10 +155,14 @@ def targets(res, groups):
                     "%.2fx" % (disc["dedup"]["secs"] / disc["vdo"]["secs"]),
                     "timed (no bar)", "-"))
     act = med("activation", "clean", "dedup")
-    if act is not None:
-        out.append(("activation holding %s unique blocks after a clean shutdown: dm-dedup" % (
-                    act_blocks_text(res)), "%.2f s" % act, "under 2 s",
-                    "met" if act < 2.0 else "MISSED"))
+    act_text = "activation holding %s unique blocks after a clean shutdown: dm-dedup" % (
+        act_blocks_text(res))
+    if act is not None and act > 0:
+        out.append((act_text, "%.2f s" % act, "under 2 s", "met" if act < 2.0 else "MISSED"))
+    elif act is not None:
+        out.append((act_text, "not measured (invalid time: %g s)" % act, "under 2 s", "-"))
+    else:
+        absent(act_text, "under 2 s")
     vdo_act = med("activation", "clean", "vdo")
     if act is not None and vdo_act:
         out.append(("activation after a clean shutdown: dm-dedup / dm-vdo time",
@@ -154,15 +172,20 @@ def targets(res, groups):
         out.append(("activation after a crash: dm-dedup / dm-vdo time",
                     "%.2fx" % (crash / vdo_crash), "timed (no bar)", "-"))
     mem = {m["stack"]: m for m in res.get("memory", [])}
-    if "dedup" in mem and "vdo" in mem:
-        add("kernel RAM per data block: dm-dedup / dm-vdo", mem["dedup"]["bytes_per_data_block"],
-            mem["vdo"]["bytes_per_data_block"], 1.0, higher=False)
+    add("kernel RAM per data block: dm-dedup / dm-vdo",
+        mem.get("dedup", {}).get("bytes_per_data_block"),
+        mem.get("vdo", {}).get("bytes_per_data_block"), 1.0, higher=False)
+    x = pool.get("dedup", {}).get("extra", {})
+    blocks = mem.get("dedup", {}).get("data_blocks")
+    index_text = "index RAM per data block, dm-dedup stats (%s data blocks)" % (
+        "%d" % blocks if blocks else "?")
+    if x.get("index_bytes", 0) > 0 and blocks and blocks > 0:
+        per = x["index_bytes"] / blocks
+        out.append((index_text, "%.2f B" % per, "at most 4 B",
+                    "met" if per <= 4.0 else "MISSED"))
+    else:
+        absent(index_text, "at most 4 B")
     if "dedup" in pool and "dedup" in mem:
-        x, blocks = pool["dedup"].get("extra", {}), mem["dedup"]["data_blocks"]
-        if x.get("index_bytes"):
-            per = x["index_bytes"] / blocks
-            out.append(("index RAM per data block, dm-dedup stats (%d data blocks)" % blocks,
-                        "%.2f B" % per, "at most 4 B", "met" if per <= 4.0 else "MISSED"))
         # Runs of a module with the compact index (issue 16) only.
         if "index_false_candidates" in x:
             lookups = x["unique_writes"] + x["duplicate_writes"]

@@ -6,6 +6,8 @@ Environment:
     DEDUP_KO       module to insmod (default <repo>/dm-dedup/dm-dedup.ko)
     DD_TEST_TIMEOUT per-test time limit in seconds (default 900)
     DD_NO_MODULE=1 do not load dm-dedup (only for harness self-tests)
+    DD_FULL_RUN=1  a full run (tests/run-all.sh without PYTEST_ARGS): any
+                   skipped, xfailed, xpassed or deselected test fails the run
 """
 
 import os
@@ -173,7 +175,43 @@ def seed(request):
     return zlib.crc32(request.node.nodeid.encode()) & 0xffffff
 
 
+# ---------------------------------------------------------------------------
+# a full run runs every test: nothing skipped, xfailed or deselected
+# ---------------------------------------------------------------------------
+FULL_RUN = os.environ.get("DD_FULL_RUN") == "1"
+NOT_RUN = []                   # (outcome, node id) of tests a full run did not run
+
+
+def pytest_deselected(items):
+    NOT_RUN.extend(("deselected", i.nodeid) for i in items)
+
+
+def pytest_collectreport(report):
+    if report.skipped:
+        NOT_RUN.append(("skipped at collection", report.nodeid))
+
+
+def pytest_runtest_logreport(report):
+    if hasattr(report, "wasxfail"):
+        NOT_RUN.append(("xfailed" if report.skipped else "xpassed", report.nodeid))
+    elif report.skipped:
+        NOT_RUN.append(("skipped", report.nodeid))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In a full run, a test that did not run and pass is a failure of the
+    run: set the exit status (run-all.sh exits with it)."""
+    if FULL_RUN and NOT_RUN and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter):
+    if FULL_RUN and NOT_RUN:
+        terminalreporter.write_line(
+            "FULL RUN INCOMPLETE: %d tests did not run and pass (a full run may not "
+            "skip, xfail or deselect any):" % len(NOT_RUN), red=True, bold=True)
+        for outcome, nodeid in NOT_RUN[:50]:
+            terminalreporter.write_line("  %s: %s" % (outcome, nodeid))
     for line in ddlib.REPORT:
         terminalreporter.write_line(line)
     terminalreporter.write_line(

@@ -324,6 +324,7 @@ class DedupDev:
         self.data = data
         self.logical_sectors = logical_sectors
         self.opts = list(opts)
+        self.activation_log = []
 
     @property
     def path(self):
@@ -343,8 +344,12 @@ class DedupDev:
         return d
 
     def activate(self, table=None):
+        """dmsetup create; the kernel log lines it caused are kept in
+        self.activation_log (reload() keeps those of its resume there)."""
         table = table or self.table_line()
-        p = try_create(self.name, table)
+        with Kmsg() as k:
+            p = try_create(self.name, table)
+            self.activation_log = k.lines()
         if p.returncode != 0:
             raise CmdError("dmsetup create %s --table %r failed: %s\nkernel log:\n%s" % (
                 self.name, table, p.stderr.strip(), "\n".join(dmesg_tail(8))))
@@ -393,8 +398,10 @@ class DedupDev:
     def reload(self, table=None):
         """dmsetup reload with @table (default: this device's table line),
         then resume: the new table takes over at the resume."""
-        run(["dmsetup", "reload", self.name, "--table", table or self.table_line()])
-        self.resume()
+        with Kmsg() as k:
+            run(["dmsetup", "reload", self.name, "--table", table or self.table_line()])
+            self.resume()
+            self.activation_log = k.lines()
 
     def resume(self):
         run(["dmsetup", "resume", self.name])
@@ -414,6 +421,22 @@ def umount_tmpfs(path=TMPFS):
         run(["umount", path], check=False)
 
 
+def check_clean(meta, data=None, what=""):
+    """`dedup check META [--data DATA]` must exit 0 (clean; warnings
+    allowed): the oracle on metadata a test leaves at a point it names
+    (@what), e.g. after a crash and the recovery. No dedup target may hold
+    the devices (the tool opens them with O_EXCL). Counted in the run's
+    summary."""
+    global METADATA_CHECKS, DATA_CHECKS
+    p = run([DEDUP_BIN, "check", meta] + (["--data", data] if data else []), check=False)
+    assert p.returncode == 0, "%sdedup check %s%s: exit %d (0 = clean):\n%s%s" % (
+        what + ": " if what else "", meta, " --data " + data if data else "",
+        p.returncode, p.stdout[-4000:], p.stderr[-2000:])
+    METADATA_CHECKS += 1
+    DATA_CHECKS += bool(data)
+    return p
+
+
 class Backing:
     """Creates and tears down backing block devices for one test."""
 
@@ -424,6 +447,9 @@ class Backing:
         self.nullbs = []
         self.mounts = []
         self.vgs = []                # lvm.VolumeGroup, registered by itself
+        # (metadata, data) pairs that are neither loops nor volumes named
+        # meta*/data* (null_blk disks of a power-cut rig), checked too
+        self.pairs = []
         self._n = 0
         self.checked = 0
         self.data_checked = 0
@@ -498,14 +524,14 @@ class Backing:
         leaves behind (a loop over a file named meta*, or a logical volume
         named meta*) must check clean, and with its data device (the next
         data* one) every live data block must hash to its fingerprint
-        record. A never-formatted one (both superblock slots zero) is
-        fine."""
+        record; so must every pair registered in self.pairs. A
+        never-formatted one (both superblock slots zero) is fine."""
         errors = []
         devs = self.named_devices()
-        for i, (name, dev) in enumerate(devs):
-            if not name.startswith("meta"):
-                continue
-            data = self.data_for(devs, i)
+        todo = [(name, dev, self.data_for(devs, i)) for i, (name, dev) in enumerate(devs)
+                if name.startswith("meta")]
+        todo += [(os.path.basename(m), m, d) for m, d in self.pairs]
+        for name, dev, data in todo:
             p = run([DEDUP_BIN, "check", dev] + (["--data", data] if data else []),
                     check=False)
             if p.returncode == 8 and "not formatted" in p.stderr:
@@ -552,7 +578,7 @@ class Backing:
             except OSError as e:
                 errors.append("rmdir %s: %s" % (d, e))
         self.files, self.loops, self.nullbs, self.mounts = [], [], [], []
-        self.vgs = []
+        self.vgs, self.pairs = [], []
         return errors
 
 

@@ -11,7 +11,12 @@ class PowerRig:
     a dm layer that cut() swaps for dm-flakey drop_writes. With
     write_delay_ms (meta_delay_ms), the data (metadata) disk's layer is
     dm-delay, holding every write (and flush) that long, so that the
-    target's writes stay in flight."""
+    target's writes stay in flight.
+
+    `dedup check --data` is the oracle here too: on what a crash leaves on
+    the disks (power_cycle() and restart(), before the target recovers
+    it), on what the recovery wrote (check_recovered()), and at the
+    test's cleanup (the disks are registered with the backing)."""
 
     def __init__(self, backing, opts=(), write_delay_ms=0, meta_delay_ms=0):
         self.backing = backing
@@ -22,6 +27,7 @@ class PowerRig:
             backing.nullb(self.nb[k], self.size[k], cache_mib=self.size[k])
         self.layers = {"m": "ddtcrm", "d": "ddtcrd"}
         self._linear()
+        backing.pairs.append(("/dev/" + self.nb["m"], "/dev/" + self.nb["d"]))
         self.dev = DedupDev("ddtcr", "/dev/mapper/" + self.layers["m"],
                             "/dev/mapper/" + self.layers["d"],
                             LOGICAL_MIB * ddlib.MIB // 512,
@@ -39,6 +45,20 @@ class PowerRig:
                                                      self.delay_ms[k])
             run(["dmsetup", "create", self.layers[k], "--table", table])
         ddlib.udev_settle()
+
+    def check(self, what):
+        """`dedup check --data` on the two disks as they are now, through
+        the layers (the target must be removed): must be clean."""
+        return ddlib.check_clean("/dev/mapper/" + self.layers["m"],
+                                 "/dev/mapper/" + self.layers["d"], what)
+
+    def check_recovered(self):
+        """Remove the target (its clean close commits what the recovery
+        and the test did since), check the metadata with its data, and
+        activate the target again."""
+        self.dev.remove()
+        self.check("after the recovery from a power cut")
+        self.dev.activate()
 
     def cut(self, disks="md"):
         """From now on all writes and flushes below dm-dedup to disks ("m"
@@ -60,6 +80,7 @@ class PowerRig:
         for k in "md":
             ddlib.dm_remove(self.layers[k])
         self._linear()
+        self.check("what a crash (disks kept powered) left, before the recovery")
         self.dev.activate()
 
     def power_cycle(self):
@@ -72,4 +93,5 @@ class PowerRig:
         for k in "md":
             self.backing.power(self.nb[k], True)
         self._linear()
+        self.check("what a power cut left, before the recovery")
         self.dev.activate()

@@ -8,11 +8,14 @@ device sizes, or a table reload all fall back to the rebuild, with the
 same content and the same dedup decisions.
 """
 
+import os
+import re
 import struct
 
 import ddlib
 from ddlib import BLOCK, BlockDev, DedupDev, block_data, dm_linear, dm_swap_table, \
     run, verify_blocks, write_ids
+from test_table import refusal
 
 SB_MAGIC = 0x3130505544454444
 # unique, duplicate and zero blocks
@@ -34,10 +37,31 @@ def newest_superblock(meta):
     return best
 
 
+INDEX_LINE = re.compile(r"device-mapper: dedup: (\d+:\d+): index of (\d+) blocks "
+                        r"(loaded from the last clean close|rebuilt from the metadata) "
+                        r"in (\d+) ms$")
+
+
 def index_loaded(dev):
+    """Whether the last activation (create, or the resume after a reload)
+    loaded the saved index. Its stats must agree with the one line the
+    kernel logged for it: "<dev>: index of <n> blocks loaded from the last
+    clean close | rebuilt from the metadata in <t> ms" (every device here
+    holds blocks, so the line is always there): activation_ms is t,
+    index_entries n, index_loaded whether it says loaded."""
     st = dev.stats()
-    assert int(st["activation_ms"]) >= 0
-    return st["index_loaded"] == "1"
+    st_dev = os.stat(dev.path).st_rdev
+    name = "%d:%d" % (os.major(st_dev), os.minor(st_dev))
+    found = [m for m in (INDEX_LINE.search(l) for l in dev.activation_log) if m]
+    assert len(found) == 1 and found[0].group(1) == name, \
+        "expected one 'index of ... in <t> ms' line for %s at its activation: %s" % (
+            name, dev.activation_log[-10:])
+    _, n, how, ms = found[0].groups()
+    assert int(st["activation_ms"]) == int(ms), (st["activation_ms"], found[0].group(0))
+    assert int(st["index_entries"]) == int(n), (st["index_entries"], found[0].group(0))
+    loaded = st["index_loaded"] == "1"
+    assert loaded == how.startswith("loaded"), (st["index_loaded"], found[0].group(0))
+    return loaded
 
 
 def remove_with_save(dev):
@@ -223,7 +247,10 @@ def test_two_targets_of_one_table_on_the_same_devices_refused(backing):
     data = backing.loop(64, "data")
     n = 64 * ddlib.MIB // 512
     table = "0 %d dedup %s %s\n%d %d dedup %s %s\n" % (n, meta, data, n, n, meta, data)
-    p = run(["dmsetup", "create", "ddttwo"], input=table, check=False)
+    with ddlib.Kmsg() as k:
+        p = run(["dmsetup", "create", "ddttwo"], input=table, check=False)
+        lines = k.lines()
     assert p.returncode != 0
     assert not ddlib.dm_exists("ddttwo")
-    assert any("already in use by another dedup target" in l for l in ddlib.dmesg_tail(10))
+    msg, _ = refusal(lines)             # only what this create logged
+    assert msg == "Device already in use by another dedup target", msg

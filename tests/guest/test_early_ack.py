@@ -28,8 +28,10 @@ WRITE_DELAY_MS = 40
 
 def delayed(backing, name, mib, write_ms):
     """dm-delay NAME over a fresh loop device, its writes (and flushes)
-    held @write_ms: returns (path, the loop device, sectors)."""
-    raw = backing.loop(mib, name)
+    held @write_ms: returns (path, the loop device, sectors). The loop's
+    file is named "data": the cleanup's `dedup check` then finds it as the
+    data device of the "meta" loop made before it, and checks with --data."""
+    raw = backing.loop(mib, "data")
     sectors = mib * ddlib.MIB // 512
     ddlib.run(["dmsetup", "create", name, "--table",
                "0 %d delay %s 0 0 %s 0 %d" % (sectors, raw, raw, write_ms)])
@@ -100,6 +102,7 @@ def test_flush_covers_writes_acknowledged_early(backing, seed):
     assert not bad, "%d blocks lost or wrong after fsync and a power cut: %s" % (
         len(bad), bad[:20])
     assert dev.status()["mapped"] == len(exp)
+    rig.check_recovered()
 
 
 def test_write_failing_after_early_ack_fails_the_next_flush(backing, seed):

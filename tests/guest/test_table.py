@@ -12,32 +12,80 @@ from ddlib import BLOCK, MIB, DedupDev, run, try_create
 L256 = 256 * MIB // 512          # 256 MiB logical, in sectors
 
 
-def dedup_error_lines(kmsg):
-    """Kernel log lines that carry a dedup error description, e.g.
-    'device-mapper: table: 254:0: dedup: Invalid argument count (-EINVAL)'
-    or 'device-mapper: dedup: commit_interval out of range'."""
-    out = []
-    for l in kmsg.lines():
-        m = re.search(r"dedup[^:]*:\s*(.*)$", l, re.I)
-        if m and len(re.sub(r"\(-?E[A-Z]+\)|[^A-Za-z]", "", m.group(1))) >= 5:
-            out.append(l)
-    return out
+# How a refused table line reaches the kernel log. The constructor of
+# dm-dedup (dm-dedup-target.c, dedup_ctr) reports why it refuses through
+# ti->error only; device-mapper prints it (drivers/md/dm-table.c,
+# dm_table_add_target) as
+#   device-mapper: table: <major:minor>: dedup: <ti->error> (<errno>)
+# and says "Unknown error" there when the target never set ti->error.  A few
+# refusals come after a line of the target's own (DM_MSG_PREFIX "dedup"),
+# e.g. "device-mapper: dedup: 253:0: metadata device too small: 1 MiB, needs
+# 3 MiB (704 blocks)".  Documentation/dm-dedup.rst, "Kernel log messages".
+TABLE_REFUSAL = re.compile(
+    r"device-mapper: table: (\d+:\d+): dedup: (.*) \((-E[A-Z0-9]+|-\d+)\)$")
+TARGET_LINE = re.compile(r"device-mapper: dedup: (.*)$")
+_MESSAGES = None
 
 
-def assert_create_fails(kmsg, name, table, keywords=None):
-    """`dmsetup create` must fail, leave no device behind and log a dedup
-    line with an error description (containing one of `keywords`, if any)."""
-    p = try_create(name, table)
+def target_messages():
+    """Every string literal of the module's sources (dm-dedup/*.c, not the
+    KUnit tests), adjacent literals joined: a message dm core prints for a
+    refusal must be one of them, i.e. set by the target itself."""
+    global _MESSAGES
+    if _MESSAGES is None:
+        src_dir = os.path.join(ddlib.REPO, "dm-dedup")
+        files = [f for f in sorted(os.listdir(src_dir))
+                 if f.endswith(".c") and not f.endswith("-test.c")] \
+            if os.path.isdir(src_dir) else []
+        assert files, "no dm-dedup sources under %s to read the messages from" % src_dir
+        lit = r'"((?:[^"\\\n]|\\.)*)"'
+        out = set()
+        for f in files:
+            with open(os.path.join(src_dir, f)) as fh:
+                text = fh.read()
+            for run_ in re.finditer(r"%s(?:\s*%s)*" % (lit, lit), text):
+                parts = re.findall(lit, run_.group(0))
+                out.update(parts)
+                out.add("".join(parts))
+        _MESSAGES = out
+    return _MESSAGES
+
+
+def refusal(lines):
+    """(message, target's own lines) of ONE refused dedup table line in
+    `lines` (kernel log lines logged during that `dmsetup create` only): dm core
+    must report it exactly once, with a message the target set."""
+    reported = [m for m in (TABLE_REFUSAL.search(l) for l in lines) if m]
+    assert len(reported) == 1, \
+        "expected one 'device-mapper: table: <dev>: dedup: <message> (-E...)' line, " \
+        "found %d; log:\n%s" % (len(reported), "\n".join(lines[-12:]))
+    msg = reported[0].group(2)
+    assert msg != "Unknown error", \
+        "the target refused without setting ti->error: %s" % reported[0].group(0)
+    assert msg in target_messages(), \
+        "refusal message %r is not one dm-dedup sets (dm-dedup/*.c)" % msg
+    own = [m.group(1) for m in (TARGET_LINE.search(l) for l in lines) if m]
+    return msg, own
+
+
+def assert_create_fails(name, table, keywords=None):
+    """`dmsetup create` must fail, leave no device behind and log one dm
+    core line with the target's reason, whose text (not the prefix)
+    contains one of `keywords` if given.  Returns (message, the target's
+    own lines)."""
+    with ddlib.Kmsg() as k:
+        p = try_create(name, table)
+        lines = k.lines()
     assert p.returncode != 0, "dmsetup create succeeded with table %r" % table
     assert not ddlib.dm_exists(name), "failed create left device %s behind" % name
-    lines = dedup_error_lines(kmsg)
-    assert lines, "no dedup error description in the kernel log for %r; log:\n%s" % (
-        table, "\n".join(kmsg.lines()[-10:]))
+    try:
+        msg, own = refusal(lines)
+    except AssertionError as e:
+        raise AssertionError("table %r: %s" % (table, e))
     if keywords:
-        text = "\n".join(lines).lower()
-        assert any(k.lower() in text for k in keywords), \
-            "error message for %r names none of %s:\n%s" % (table, keywords, "\n".join(lines))
-    return lines
+        assert any(k.lower() in msg.lower() for k in keywords), \
+            "error message for %r names none of %s: %r" % (table, keywords, msg)
+    return msg, own
 
 
 @pytest.fixture
@@ -46,38 +94,41 @@ def devs(backing):
     return backing.loop(16, "meta"), backing.loop(64, "data")
 
 
-# (id, table suffix after "0 <len> dedup", keywords); M/D stand for the devices
+# (id, table suffix after "0 <len> dedup", keywords); M/D stand for the
+# devices. The keywords are matched against the message the target set (the
+# text dm core prints after "dedup: "), so each names that message.
 BAD_TABLES = [
-    ("no-devices", "", None),
-    ("missing-data-dev", "M", None),
-    ("nonnumeric-optcount", "M D extra", None),
-    ("optcount-too-big", "M D 2 verify", None),
-    ("optcount-too-small", "M D 1 verify discard_passdown", None),
-    ("unknown-option", "M D 1 frobnicate", ["frobnicate", "unknown", "option", "argument"]),
-    ("hash-without-value", "M D 1 hash", ["hash", "argument"]),
-    ("bad-meta-path", "/dev/does-not-exist D", ["meta", "device"]),
-    ("bad-data-path", "M /dev/does-not-exist", ["data", "device"]),
-    ("commit-interval-nonnumeric", "M D 2 commit_interval abc", ["commit_interval"]),
-    ("commit-interval-zero", "M D 2 commit_interval 0", ["commit_interval"]),
-    ("commit-interval-too-big", "M D 2 commit_interval 3601", ["commit_interval"]),
-    ("commit-interval-negative", "M D 2 commit_interval -5", ["commit_interval"]),
-    ("commit-interval-missing", "M D 1 commit_interval", ["commit_interval", "argument"]),
-    ("low-water-mark-nonnumeric", "M D 2 low_water_mark x12", ["low_water_mark"]),
-    ("low-water-mark-negative", "M D 2 low_water_mark -1", ["low_water_mark"]),
+    ("no-devices", "", ["Missing arguments"]),
+    ("missing-data-dev", "M", ["Missing arguments"]),
+    ("nonnumeric-optcount", "M D extra", ["Invalid number of optional arguments"]),
+    ("optcount-too-big", "M D 2 verify", ["Invalid number of optional arguments"]),
+    ("optcount-too-small", "M D 1 verify discard_passdown", ["Too many arguments"]),
+    ("unknown-option", "M D 1 frobnicate", ["Unknown or incomplete optional argument"]),
+    ("hash-without-value", "M D 1 hash", ["Unknown or incomplete optional argument"]),
+    ("bad-meta-path", "/dev/does-not-exist D", ["Cannot open metadata device"]),
+    ("bad-data-path", "M /dev/does-not-exist", ["Cannot open data device"]),
+    ("commit-interval-nonnumeric", "M D 2 commit_interval abc", ["Invalid commit_interval"]),
+    ("commit-interval-zero", "M D 2 commit_interval 0", ["Invalid commit_interval"]),
+    ("commit-interval-too-big", "M D 2 commit_interval 3601", ["Invalid commit_interval"]),
+    ("commit-interval-negative", "M D 2 commit_interval -5", ["Invalid commit_interval"]),
+    ("commit-interval-missing", "M D 1 commit_interval",
+     ["Unknown or incomplete optional argument"]),
+    ("low-water-mark-nonnumeric", "M D 2 low_water_mark x12", ["Invalid low_water_mark"]),
+    ("low-water-mark-negative", "M D 2 low_water_mark -1", ["Invalid low_water_mark"]),
     ("low-water-mark-overflow", "M D 2 low_water_mark 99999999999999999999999",
-     ["low_water_mark"]),
-    ("weak-hash-crc32c-no-verify", "M D 2 hash crc32c", ["verify"]),
-    ("weak-hash-xxhash64-no-verify", "M D 2 hash xxhash64", ["verify"]),
-    ("unknown-hash", "M D 3 hash nosuchhash256 verify", ["nosuchhash256", "hash"]),
+     ["Invalid low_water_mark"]),
+    ("weak-hash-crc32c-no-verify", "M D 2 hash crc32c", ["not collision resistant"]),
+    ("weak-hash-xxhash64-no-verify", "M D 2 hash xxhash64", ["not collision resistant"]),
+    ("unknown-hash", "M D 3 hash nosuchhash256 verify", ["unknown hash algorithm"]),
 ]
 
 
 @pytest.mark.parametrize("case,suffix,keywords", BAD_TABLES, ids=[c[0] for c in BAD_TABLES])
-def test_bad_table_line(devs, kmsg_check, case, suffix, keywords):
+def test_bad_table_line(devs, case, suffix, keywords):
     meta, data = devs
     suffix = " ".join({"M": meta, "D": data}.get(w, w) for w in suffix.split())
     table = ("0 %d dedup %s" % (L256, suffix)).strip()
-    assert_create_fails(kmsg_check, "ddtbad", table, keywords)
+    assert_create_fails("ddtbad", table, keywords)
 
 
 def test_same_table_with_valid_options_succeeds(devs):
@@ -92,22 +143,28 @@ def test_same_table_with_valid_options_succeeds(devs):
 
 
 @pytest.mark.parametrize("length", [L256 - 1, L256 - 4, L256 + 7, 7])
-def test_length_not_multiple_of_8_sectors(devs, kmsg_check, length):
+def test_length_not_multiple_of_8_sectors(devs, length):
     meta, data = devs
-    assert_create_fails(kmsg_check, "ddtlen", "0 %d dedup %s %s" % (length, meta, data),
-                        ["length", "multiple", "size", "align", "4096", "block"])
+    assert_create_fails("ddtlen", "0 %d dedup %s %s" % (length, meta, data),
+                        ["multiples of 8 sectors"])
 
 
-def test_metadata_device_too_small(backing, kmsg_check):
-    """1 MiB of metadata for 4 GiB logical + 1 GiB data: refused, the message
-    talks about the metadata (and should give the needed size)."""
+def test_metadata_device_too_small(backing):
+    """1 MiB of metadata for 4 GiB logical + 1 GiB data: refused, and the
+    target's own line before dm core's gives the size it has and needs."""
     meta = backing.loop(1, "meta")
     data = backing.loop(1024, "data")
-    lines = assert_create_fails(kmsg_check, "ddtsmall",
-                                "0 %d dedup %s %s" % (4096 * MIB // 512, meta, data),
-                                ["meta"])
-    assert any(re.search(r"\d", l.split("dedup", 1)[-1]) for l in lines), \
-        "the message should state the needed size: %s" % lines
+    msg, own = assert_create_fails("ddtsmall",
+                                   "0 %d dedup %s %s" % (4096 * MIB // 512, meta, data),
+                                   ["metadata device too small"])
+    assert msg == "metadata device too small", msg
+    sizes = [re.search(r"metadata device too small: (\d+) MiB, needs (\d+) MiB "
+                       r"\((\d+) blocks\)", l) for l in own]
+    sizes = [m for m in sizes if m]
+    assert len(sizes) == 1, "no 'metadata device too small: <have> MiB, needs <need> " \
+        "MiB (<blocks> blocks)' line of the target: %s" % own
+    have, need, blocks = (int(x) for x in sizes[0].groups())
+    assert have == 1 and need > have and blocks * BLOCK > MIB, sizes[0].group(0)
 
 
 def test_metadata_64m_covers_4g_logical_1g_data(backing):
@@ -120,9 +177,10 @@ def test_metadata_64m_covers_4g_logical_1g_data(backing):
     assert st["meta_total"] == 64 * MIB // BLOCK
 
 
-def test_same_device_for_metadata_and_data_refused(backing, kmsg_check):
+def test_same_device_for_metadata_and_data_refused(backing):
     dev = backing.loop(64, "both")
-    assert_create_fails(kmsg_check, "ddtsame", "0 %d dedup %s %s" % (L256, dev, dev))
+    assert_create_fails("ddtsame", "0 %d dedup %s %s" % (L256, dev, dev),
+                        ["Metadata and data devices must differ"])
 
 
 # ---------------------------------------------------------------------------
@@ -135,7 +193,10 @@ def test_status_fresh_device(backing):
     st = d.status()
     assert st["start"] == 0 and st["length"] == L256
     assert st["mode"] == "rw"
-    assert st["transaction_id"] >= 0
+    # "1 right after formatting" (Documentation/dm-dedup.rst, "dmsetup
+    # status"): the format is the first commit, and with nothing written
+    # the periodic commit has nothing to commit.
+    assert st["transaction_id"] == 1, st["raw"]
     assert st["data_total"] == ddlib.device_bytes(data) // BLOCK == 64 * MIB // BLOCK
     assert st["meta_total"] == ddlib.device_bytes(meta) // BLOCK == 16 * MIB // BLOCK
     assert 0 < st["meta_used"] < st["meta_total"]
@@ -216,20 +277,20 @@ def test_table_output_loads_back(backing, seed, opts):
 # ---------------------------------------------------------------------------
 # existing metadata must match the table
 # ---------------------------------------------------------------------------
-def test_reopen_with_smaller_logical_size_refused(backing, kmsg_check):
+def test_reopen_with_smaller_logical_size_refused(backing):
     meta = backing.loop(16, "meta")
     data = backing.loop(64, "data")
     d = DedupDev.create("ddtre", meta, data, L256)
     ddlib.write_ids(d.path, 1, [1, 2])
     d.remove()
-    assert_create_fails(kmsg_check, "ddtre", "0 %d dedup %s %s" % (L256 // 2, meta, data),
+    assert_create_fails("ddtre", "0 %d dedup %s %s" % (L256 // 2, meta, data),
                         ["cannot shrink the logical size"])
     # the original table still works: nothing was overwritten
     d.activate()
     assert d.status()["mapped"] == 2
 
 
-def test_reopen_with_smaller_data_device_refused(backing, kmsg_check):
+def test_reopen_with_smaller_data_device_refused(backing):
     meta = backing.loop(16, "meta")
     data = backing.loop(96, "data")
     d = DedupDev.create("ddtre", meta, data, L256)
@@ -240,7 +301,7 @@ def test_reopen_with_smaller_data_device_refused(backing, kmsg_check):
     os.truncate(f, 64 * MIB)
     run(["losetup", "-c", data])
     assert ddlib.device_bytes(data) == 64 * MIB
-    assert_create_fails(kmsg_check, "ddtre", "0 %d dedup %s %s" % (L256, meta, data),
+    assert_create_fails("ddtre", "0 %d dedup %s %s" % (L256, meta, data),
                         ["cannot shrink the data device"])
     # back to the size it was formatted with, so that the teardown's
     # `dedup check --data` can verify what was written
@@ -250,12 +311,12 @@ def test_reopen_with_smaller_data_device_refused(backing, kmsg_check):
     assert d.status()["mapped"] == 2
 
 
-def test_reopen_with_other_hash_refused(backing, kmsg_check):
+def test_reopen_with_other_hash_refused(backing):
     meta = backing.loop(16, "meta")
     data = backing.loop(64, "data")
     d = DedupDev.create("ddtre", meta, data, L256)
     ddlib.write_ids(d.path, 1, [1, 2])
     d.remove()
-    assert_create_fails(kmsg_check, "ddtre",
+    assert_create_fails("ddtre",
                         "0 %d dedup %s %s 3 hash crc32c verify" % (L256, meta, data),
-                        ["hash"])
+                        ["hash algorithm differs from the metadata"])

@@ -14,6 +14,12 @@ copy (so recovery may write without disturbing the replay):
     a replayed write has touched the metadata slice;
   * the target activates read-write, status mode rw (raw workload, once
     formatted: also read-only, straight on the replayed files);
+  * once the read-write view is removed, `dedup check --data` is clean on
+    the scratch copy the recovery wrote (replayed journal, its checkpoint,
+    and the clean close): after every examined crash point in the raw and
+    small-fsync workloads, after every fourth and the last one in the
+    filesystem workloads (RECOVERED_CHECK_EVERY; about a second each there,
+    a hundred points);
   * raw workload: every block made durable before the last mark reads back
     exactly, every other block reads its durable content or one written after
     that mark, never anything else; `mapped` equals the non-zero blocks; a
@@ -54,6 +60,9 @@ DB_FSYNCS, DB_POINTS = (360, 120) if TRIALS else (200, 64)
 # test command then took 24 min) or the 4.5 to 5 s once seen on a loaded
 # machine, each workload stays well inside the 900 s per-test limit.
 FS_FILES = 40 if TRIALS else 14
+# `dedup check --data` on the recovered scratch copy: after every Nth
+# read-write examination (and the last one) of a workload.
+RECOVERED_CHECK_EVERY = {"raw": 1, "db": 1, "fs": 4}
 
 
 class LogRig:
@@ -118,9 +127,10 @@ class CrashImage:
     previous one holds the same bytes; when the durability owed (the last
     mark) is also the same, the examination would repeat itself."""
 
-    def __init__(self, backing, rig, log):
+    def __init__(self, backing, rig, log, check_every=1):
         self.backing = backing
         self.rig = rig
+        self.check_every = check_every
         self.files, self.loops, self.scratch, self.scratch_loops = {}, {}, {}, {}
         for k, mib in (("m", rig.meta_mib), ("d", rig.data_mib)):
             self.loops[k] = backing.loop(mib, "replay" + k, read_only=True)
@@ -137,6 +147,8 @@ class CrashImage:
         self.repeats = 0            # crash points identical to the previous one
         self._last_state = None
         self._formatted = None      # verdict of the last `dedup check`
+        self.recovered_checked = 0  # recovered scratch copies checked clean
+        self._unchecked = None      # crash point whose recovered copy is unchecked
         self.seconds = {}           # phase -> seconds spent, for the report
 
     @contextlib.contextmanager
@@ -197,6 +209,9 @@ class CrashImage:
         return dev
 
     def open_rw(self, upto):
+        assert self._unchecked is None or self.check_every > 1, \
+            "crash point %d: the recovered copy of point %d was not checked" % (
+                upto, self._unchecked)
         with self.phase("copy"):
             for k in "md":
                 copy_sparse(self.files[k], self.scratch[k])
@@ -209,11 +224,36 @@ class CrashImage:
         self.rw_points += 1
         return dev
 
+    def removed_rw(self, upto):
+        """The read-write view of crash point @upto was removed: `dedup
+        check --data` on the scratch copy its recovery (and clean close)
+        wrote, for every check_every-th one; finish() checks the last."""
+        self._unchecked = upto
+        if (self.rw_points - 1) % self.check_every == 0:
+            self.check_recovered()
+
+    def check_recovered(self):
+        upto, self._unchecked = self._unchecked, None
+        with self.phase("dedup check recovered"):
+            ddlib.check_clean(self.scratch["m"], self.scratch["d"],
+                              "crash point %d, recovered read-write" % upto)
+        self.recovered_checked += 1
+
+    def finish(self):
+        """After the last examination: the last recovered copy is checked
+        too, and at least one was."""
+        if self._unchecked is not None:
+            self.check_recovered()
+        assert self.recovered_checked >= 1 or not self.rw_points, \
+            "no recovered copy was checked"
+
     def summary(self, points):
         return "%d crash points: %d distinct and examined, %d repeats of the " \
             "point before (same bytes, same last mark) skipped; %d metadata " \
-            "states checked clean; seconds spent: %s" % (
+            "states checked clean, and %d recovered copies with their data; " \
+            "seconds spent: %s" % (
                 len(points), self.states, self.repeats, self.checked,
+                self.recovered_checked,
                 ", ".join("%s %.0f" % kv for kv in sorted(self.seconds.items())))
 
 
@@ -405,7 +445,7 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial, opts):
     assert rig.marks == len(model.at_mark)
     assert len(our_marks(log)) == rig.marks, "marks missing from the log"
     assert len(points) >= 10, "too few crash points: %d" % len(points)
-    img = CrashImage(backing, rig, log)
+    img = CrashImage(backing, rig, log, RECOVERED_CHECK_EVERY["raw"])
     contents = Contents(seed)
     try:
         for k, m, formatted in img.distinct_points(points):
@@ -420,6 +460,9 @@ def test_logwrites_raw_every_crash_point(backing, seed, trial, opts):
                         bd.fsync()
                         assert bd.read(NB + 1) == new
                 dev.remove()
+                if view == img.open_rw:
+                    img.removed_rw(k)
+        img.finish()
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked
@@ -467,7 +510,7 @@ def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
     assert ahead > DB_FSYNCS // 2, stats
     log = rig.finish()
     points = log.crash_points()
-    img = CrashImage(backing, rig, log)
+    img = CrashImage(backing, rig, log, RECOVERED_CHECK_EVERY["db"])
     contents = Contents(seed)
     examined = 0
     try:
@@ -479,7 +522,10 @@ def test_logwrites_small_fsyncs_wrap_the_journal(backing, seed):
                 dev = view(k)
                 verify_db(dev, model, m, contents, k)
                 dev.remove()
+                if view == img.open_rw:
+                    img.removed_rw(k)
             examined += 1
+        img.finish()
     finally:
         img.close()
     assert examined >= DB_POINTS * 2 // 3, "only %d crash points examined" % examined
@@ -603,7 +649,7 @@ def test_logwrites_filesystem(backing, seed, trial, fstype):
     marks = {n: idx for idx, n in our_marks(log)}
     assert first in marks and end in marks, "marks missing from the log"
     assert len(points) >= 3 * FS_FILES, "too few crash points: %d" % len(points)
-    img = CrashImage(backing, rig, log)
+    img = CrashImage(backing, rig, log, RECOVERED_CHECK_EVERY["fs"])
     try:
         for k, m, _ in img.distinct_points(points):
             dev = img.open_rw(k)
@@ -612,6 +658,8 @@ def test_logwrites_filesystem(backing, seed, trial, fstype):
                     verify_fs(dev, fstype, files, m, k)
             with img.phase("remove"):
                 dev.remove()
+            img.removed_rw(k)
+        img.finish()
     finally:
         img.close()
     ddlib.METADATA_CHECKS += img.checked

@@ -9,9 +9,11 @@ A writer thread keeps writing (duplicates, unique blocks, zeros, O_DSYNC
 writes, fsync every batch) while the main thread cuts the power after a
 random delay.  Only what was synced before the cut began counts as durable;
 everything written later, or synced after that instant, may read old or new.
-After each cut: durable blocks read back exactly, the rest read one of their
-allowed contents, `mapped` equals the non-zero blocks, and the device keeps
-working for the next round.
+After each cut: `dedup check --data` is clean on what the cut left (before
+the recovery), durable blocks read back exactly, the rest read one of their
+allowed contents, `mapped` equals the non-zero blocks, `dedup check --data`
+is clean on what the recovery wrote (the target removed, then activated
+again), and the device keeps working for the next round.
 """
 
 import os
@@ -113,7 +115,7 @@ def test_power_cut_random_moments(backing, seed):
         durable = {lba: d for lba, d in w.durable.items() if lba not in w.maybe and d != ZERO}
         maybe = w.maybe
         try:
-            state = check_after_cut(dev, durable, maybe)
+            state = check_after_cut(dev, durable, maybe, rig)
         except AssertionError as e:
             raise AssertionError("cut %d after %d writes: %s" % (rnd, w.ops, e))
     ddlib.report("random power cuts: %d cuts, %d writes, 0 failures" % (CUTS, total_ops))
