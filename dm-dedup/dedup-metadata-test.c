@@ -499,10 +499,22 @@ static void dd_md_test_identity(struct kunit *test)
 	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "hash"));
 	cfg->fp_size = DD_FP_SIZE;
 
-	/* identity_only stops before activation, but after the check */
+	/*
+	 * identity_only stops before activation, but after the check, and
+	 * allocates no data allocator (a reload's table has one live).
+	 */
 	cfg->identity_only = true;
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), 0);
 	KUNIT_EXPECT_EQ(test, dd_test_ev(cfg)->visited, 0);
+	{
+		struct dd_md_stats st;
+		char *err = NULL;
+
+		KUNIT_ASSERT_EQ(test, dd_md_open(bdev, cfg, &md, &err), 0);
+		dd_md_stats(md, &st);
+		KUNIT_EXPECT_EQ(test, st.data_space_bytes, 0);
+		dd_md_close(md);
+	}
 	cfg->logical_blocks = 7;
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
 	cfg->logical_blocks = 1000;

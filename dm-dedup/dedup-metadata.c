@@ -927,14 +927,20 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	md->read_only = cfg->read_only;
 	md->leaf_buf = kmalloc(DD_PAYLOAD_SIZE, GFP_KERNEL);
 	r = md->leaf_buf ? 0 : -ENOMEM;
-	if (!r)
+	/*
+	 * A reloaded table's first open only reads the superblock, while
+	 * the live table holds its own allocator: no bitmaps of a data
+	 * device's size (hundreds of MiB for 2^32 blocks) for that.
+	 */
+	if (!r && !cfg->identity_only) {
 		r = dd_space_init(&md->data, cfg->data_blocks, 0);
-	if (!r)
-		r = dd_reserve_init(&md->reserve);
-	if (!r)
-		r = dd_space_cool_frees(&md->data);
-	if (!r && cfg->hold_frees)
-		r = dd_space_hold_frees(&md->data);
+		if (!r)
+			r = dd_reserve_init(&md->reserve);
+		if (!r)
+			r = dd_space_cool_frees(&md->data);
+		if (!r && cfg->hold_frees)
+			r = dd_space_hold_frees(&md->data);
+	}
 	if (!r)
 		r = dd_bm_create(bdev, nr_blocks, &md->bm);
 	if (r) {
@@ -1031,7 +1037,9 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			goto bad;
 	}
 	/* Nothing is reserved before the first write. */
-	atomic64_set(&md->data_free, dd_space_free_blocks(&md->data));
+	if (!cfg->identity_only)
+		atomic64_set(&md->data_free,
+			     dd_space_free_blocks(&md->data));
 	dd_counters(md, md->durable_counters);
 	/* Both point into the caller's open only. */
 	md->cfg.saved = NULL;
