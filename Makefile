@@ -25,13 +25,18 @@ module:
 	@test -d "$(KDIR)" || { echo "kernel headers not found at '$(KDIR)': run scripts/install-deps.sh or set KDIR" >&2; exit 1; }
 	$(MAKE) -C $(KDIR) M=$(MOD_DIR) modules
 
+# The build's own exit status counts (a recipe's shell has no pipefail,
+# so a pipe into tee would hide it), then any warning in its output.
 w1:
 	$(MAKE) -C $(KDIR) M=$(MOD_DIR) clean >/dev/null
-	$(MAKE) -C $(KDIR) M=$(MOD_DIR) W=1 modules 2>&1 | tee $(MOD_DIR)/.w1.log
+	{ $(MAKE) -C $(KDIR) M=$(MOD_DIR) W=1 modules 2>&1; echo $$? >$(MOD_DIR)/.w1.rc; } | tee $(MOD_DIR)/.w1.log
+	@test "$$(cat $(MOD_DIR)/.w1.rc)" = 0 || { echo "W=1 build failed" >&2; exit 1; }
 	@! grep -E 'warning:|error:' $(MOD_DIR)/.w1.log
 
 sparse:
-	$(MAKE) -C $(KDIR) M=$(MOD_DIR) C=2 modules 2>&1 | tee $(MOD_DIR)/.sparse.log
+	@command -v sparse >/dev/null || { echo "sparse not found: run scripts/install-deps.sh" >&2; exit 1; }
+	{ $(MAKE) -C $(KDIR) M=$(MOD_DIR) C=2 modules 2>&1; echo $$? >$(MOD_DIR)/.sparse.rc; } | tee $(MOD_DIR)/.sparse.log
+	@test "$$(cat $(MOD_DIR)/.sparse.rc)" = 0 || { echo "sparse build failed" >&2; exit 1; }
 	@! grep -E 'warning:|error:' $(MOD_DIR)/.sparse.log
 
 checkpatch:

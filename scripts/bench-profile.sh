@@ -18,7 +18,12 @@ exec </dev/null
 CACHE=${BENCH_CACHE:-/var/cache/dm-dedup-bench}
 OUT=$REPO/tests/out/bench-profile
 [ $# -gt 0 ] || set -- seq0 seq100 rand50
-command -v perf >/dev/null || { echo "bench-profile: perf missing (apt-get install linux-perf)" >&2; exit 1; }
+if ! command -v perf >/dev/null; then
+	echo "bench-profile: installing linux-perf" >&2
+	DEBIAN_FRONTEND=noninteractive apt-get -y -q -o APT::Install-Recommends=false \
+		install linux-perf >/tmp/bench-profile-apt.log 2>&1 ||
+		{ tail -n 20 /tmp/bench-profile-apt.log >&2; echo "bench-profile: apt-get install linux-perf failed" >&2; exit 1; }
+fi
 
 KVER=$("$REPO/scripts/guest-run.sh" --print-kver)
 [ "${SKIP_BUILD:-0}" = 1 ] || make -s -C "$REPO" KDIR="/usr/src/linux-headers-$KVER" >/dev/null

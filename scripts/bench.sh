@@ -94,7 +94,7 @@ KVER=$("$REPO/scripts/guest-run.sh" --print-kver)
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     say "building the module and the release dedup tool"
     make -s -C "$REPO" KDIR="/usr/src/linux-headers-$KVER" >/dev/null
-    (cd "$REPO/tools" && cargo build -q --release)
+    (cd "$REPO/tools" && cargo build -q --locked --release)
 fi
 [ -f "$REPO/dm-dedup/dm-dedup.ko" ] || die "no dm-dedup/dm-dedup.ko"
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Build the module through DKMS exactly as a distro user would: copy the
-# tree to /usr/src/<name>-<version>, dkms add + build against the installed
-# 6.12 headers, then remove it again. Needs root and the dkms package.
+# Build the module through DKMS as a distro user would: the files the
+# README's DKMS steps install, copied to /usr/src/<name>-<version>+check,
+# dkms add + build against the installed 6.12 headers, then removed again.
+# The version of its own keeps a real DKMS install of dm-dedup untouched.
+# Needs root and the dkms package.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 name=$(sed -n 's/^PACKAGE_NAME="\(.*\)"/\1/p' "$top/dkms.conf")
-version=$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' "$top/dkms.conf")
+version=$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' "$top/dkms.conf")+check
 kver=${KVER:-$(ls -d /usr/src/linux-headers-6.12.*-amd64 | sort -V | tail -n 1 | sed 's,.*/linux-headers-,,')}
 src=/usr/src/$name-$version
 
@@ -16,7 +18,8 @@ cleanup() {
 trap cleanup EXIT
 cleanup
 mkdir -p "$src"
-cp -a "$top/dkms.conf" "$top/Makefile" "$src/"
+cp -a "$top/Makefile" "$src/"
+sed "s/^PACKAGE_VERSION=.*/PACKAGE_VERSION=\"$version\"/" "$top/dkms.conf" >"$src/dkms.conf"
 mkdir -p "$src/dm-dedup"
 cp -a "$top"/dm-dedup/*.[ch] "$top/dm-dedup/Kbuild" "$src/dm-dedup/"
 dkms add "$name/$version" >/dev/null

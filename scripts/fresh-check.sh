@@ -499,7 +499,7 @@ do_install_deps_again() {
 do_make() { in_chroot 'make'; }
 do_static() { in_chroot 'make static'; }
 do_dkms() { in_chroot 'scripts/dkms-check.sh'; }
-do_tools() { in_chroot 'tools/run-tests.sh && cd tools && cargo build -q --release --bin dedup'; }
+do_tools() { in_chroot 'tools/run-tests.sh && cd tools && cargo build -q --locked --release --bin dedup'; }
 do_kunit() { in_chroot 'scripts/kunit.sh'; }
 
 # shellcheck disable=SC2016

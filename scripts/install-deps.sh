@@ -155,6 +155,10 @@ else
 fi
 
 # --- 4. virtme-ng (vng) from PyPI ----------------------------------------------
+# Pinned: guest-run.sh relies on its options (--disable-kvm, --qemu-opts,
+# --rwdir, --exec, --dry-run), and a machine that has vng already never
+# sees a newer release.
+VNG_PIN=virtme-ng==1.42
 if command -v vng >/dev/null 2>&1; then
     log "virtme-ng: $(command -v vng) present"
 else
@@ -163,10 +167,10 @@ else
     log "virtme-ng: pip install with $PY"
     pipl=/tmp/install-deps-pip.log
     if ! "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-            virtme-ng >"$pipl" 2>&1; then
+            "$VNG_PIN" >"$pipl" 2>&1; then
         if grep -q externally-managed "$pipl"; then
             "$PY" -m pip install -q --disable-pip-version-check --break-system-packages \
-                virtme-ng >"$pipl" 2>&1 || { cat "$pipl" >&2; die "pip install failed"; }
+                "$VNG_PIN" >"$pipl" 2>&1 || { cat "$pipl" >&2; die "pip install failed"; }
         else
             cat "$pipl" >&2; die "pip install virtme-ng failed"
         fi

@@ -67,7 +67,10 @@ fi
 # install-deps.sh may have unpacked nothing but checkpatch.pl into $SRC.
 if [ ! -f "$SRC/Makefile" ] || [ ! -f "$SRC/tools/testing/kunit/kunit.py" ]; then
 	name=$(basename "$SRC")
-	if [ ! -f "$WORK/src/$name/tools/testing/kunit/kunit.py" ]; then
+	# Unpacked again when the tarball changed (a linux-source upgrade).
+	stamp=$(stat -c '%s %Y' "$TARBALL" 2>/dev/null || true)
+	if [ ! -f "$WORK/src/$name/tools/testing/kunit/kunit.py" ] ||
+	   [ "$(cat "$WORK/src/.tarball" 2>/dev/null)" != "$stamp" ]; then
 		[ -f "$TARBALL" ] || die "no kernel tree at $SRC and no $TARBALL (install linux-source-6.12)"
 		say "unpacking $TARBALL into $WORK/src (about a minute)"
 		rm -rf "$WORK/src.tmp"
@@ -75,6 +78,7 @@ if [ ! -f "$SRC/Makefile" ] || [ ! -f "$SRC/tools/testing/kunit/kunit.py" ]; the
 		tar -C "$WORK/src.tmp" -xf "$TARBALL"
 		[ -f "$WORK/src.tmp/$name/tools/testing/kunit/kunit.py" ] ||
 			die "$TARBALL does not hold $name/tools/testing/kunit/kunit.py"
+		echo "$stamp" >"$WORK/src.tmp/.tarball"
 		rm -rf "$WORK/src"
 		mv "$WORK/src.tmp" "$WORK/src"
 	fi

@@ -155,7 +155,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
         dmsetup remove --retry prof-dedup
         echo "--- where the CPU time went (self time, top symbols) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
-            --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | head -n 40
+            --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | sed -n 1,40p
         # The write path copies each block into a page of its own before the
         # zero test and the hash (dedup-data.h); this is what that costs next
         # to the hash, both with what they call (memcpy, the SHA-256 rounds).
@@ -166,7 +166,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
         echo "--- the target, dm core and dm-bufio (self time) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
             --percent-limit 0.1 2>/dev/null | grep -E '\] (dd_|dm_|__dm|bufio|cache_|__cache)' |
-            sed 's/[[:space:]]*$//' | head -n 40 || echo "(none sampled)"
+            sed 's/[[:space:]]*$//' | sed -n 1,40p || echo "(none sampled)"
         # Each step of a bio with what it calls: where a write's time goes
         # between submission, hashing, the decision, the mapping of new
         # data and the completions.
@@ -176,7 +176,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
             sed 's/[[:space:]]*$//' || echo "(none sampled)"
         echo "--- by module ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort dso --stdio -g none \
-            2>/dev/null | sed 's/[[:space:]]*$//' | head -n 12
+            2>/dev/null | sed 's/[[:space:]]*$//' | sed -n 1,12p
         # A second run of the same workload on a fresh device, for the locks:
         # who waited, how often and how long, by the lock's caller.
         fresh_device
