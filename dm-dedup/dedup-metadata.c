@@ -498,10 +498,11 @@ static bool dd_activate_saved(struct dd_metadata *md)
 	};
 	const char *why = NULL;
 	unsigned int i;
-	u64 root;
+	u64 root, b;
 	int r;
 
-	if (!saved || !sb->saved_root)
+	/* No writer saves with the flag set; a crafted one is not trusted. */
+	if (!saved || !sb->saved_root || md->needs_check)
 		return false;
 	r = dd_saved_load(md->bm, &md->data, le64_to_cpu(sb->saved_root),
 			  le64_to_cpu(sb->saved_words),
@@ -510,11 +511,25 @@ static bool dd_activate_saved(struct dd_metadata *md)
 		why = "live data blocks differ from the superblock";
 		r = -EILSEQ;
 	}
-	/* The roots, at least, must be the trees' own blocks. */
+	/*
+	 * The roots, at least, must be the trees' own blocks: in the saved
+	 * bitmap, not blocks of the save itself (those are pending, freed at
+	 * the next commit). Nor may the save lie in the journal's run, which
+	 * its next commit would free for the trees.
+	 */
 	for (i = 0; !r && i < ARRAY_SIZE(roots); i++) {
 		root = le64_to_cpu(roots[i]);
-		if (root && !dd_space_is_used(&md->bm->space, root)) {
+		if (root && (!dd_space_is_used(&md->bm->space, root) ||
+			     dd_space_is_pending(&md->bm->space, root))) {
 			why = "a tree root is not in the metadata bitmap";
+			r = -EILSEQ;
+		}
+	}
+	for (b = le64_to_cpu(sb->journal_start);
+	     !r && b < le64_to_cpu(sb->journal_start) +
+		       le64_to_cpu(sb->journal_blocks); b++) {
+		if (dd_space_is_pending(&md->bm->space, b)) {
+			why = "the save lies in the journal's run";
 			r = -EILSEQ;
 		}
 	}

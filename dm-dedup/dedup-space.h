@@ -82,6 +82,12 @@ static inline bool dd_space_is_used(const struct dd_space *s, u64 block)
 	return block < s->nr_blocks && test_bit(block, s->used);
 }
 
+/* Released in the running transaction: used until the next commit. */
+static inline bool dd_space_is_pending(const struct dd_space *s, u64 block)
+{
+	return dd_space_is_used(s, block) && test_bit(block, s->pending);
+}
+
 /* Is any block of [@first, @end) in use? */
 static inline bool dd_space_any_used(const struct dd_space *s, u64 first,
 				     u64 end)

@@ -1386,6 +1386,12 @@ fn saved_state_the_kernel_would_not_load_is_a_warning() {
     assert_eq!(root, first + 2, "the leaves, then the root");
     let (d, _, _) = saved_sample(|w, _| set_bit(w, fmt::HEADER_WORDS as u64, first));
     assert_stale(&run(&d), "blocks of the save itself");
+    // A root left out: dd_activate_saved refuses the save (block 5 is the
+    // map's root), where another tree block left out is trusted wrongly.
+    let (_, layout, _) = saved_sample(|_, _| {});
+    assert_eq!(layout.map_root, 5);
+    let (d, _, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5));
+    assert_stale(&run(&d), "tree roots are not marked used");
 }
 
 #[test]
@@ -1443,8 +1449,8 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
     }
     let cases: [(Edit, &str); 3] = [
         (
-            |w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5),
-            "1 metadata blocks the trees use are not marked used (the first is 5)",
+            |w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 6),
+            "1 metadata blocks the trees use are not marked used (the first is 6)",
         ),
         (
             // Past the trees (2..10), the journal (10..82) and the save.
@@ -1548,7 +1554,7 @@ fn saved_state_the_kernel_would_trust_wrongly_is_an_error() {
 
 #[test]
 fn saved_state_is_not_compared_with_damaged_trees() {
-    let (mut d, layout, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5));
+    let (mut d, layout, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 6));
     let leaf = child(&d, layout.map_root, 1);
     d.block_mut(leaf)[HEADER_SIZE + 7] ^= 0x40;
     let r = run(&d);
@@ -2045,7 +2051,7 @@ fn damaged_ranges_are_searched_at_their_edges() {
 
 #[test]
 fn saved_state_line_does_not_depend_on_the_listed_problems() {
-    let (mut d, _, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 5));
+    let (mut d, _, _) = saved_sample(|w, _| clear_bit(w, fmt::HEADER_WORDS as u64, 6));
     // A damaged other slot: a warning listed before the save's error.
     let other = 1 - pick_superblock(&read_slots(&d)).unwrap() as u64;
     d.block_mut(other)[100] = 1;

@@ -389,6 +389,20 @@ impl SavedWalk {
                 }
             }
         }
+        // dd_activate_saved(): a root not in the bitmap (or one of the
+        // save's own blocks, which the walk above counts) and the kernel
+        // rebuilds instead of loading.
+        let marked = |b: u64| {
+            self.meta
+                .get((b / 64) as usize)
+                .is_some_and(|w| w & (1 << (b % 64)) != 0)
+        };
+        let mut root_unmarked = Tally::default();
+        for r in [sb.map_root, sb.refcount_root, sb.fingerprint_root] {
+            if r != 0 && !marked(r) {
+                root_unmarked.add(r);
+            }
+        }
         let mut missing = Tally::default();
         for b in (0..owner.len() as u64).filter(|&b| tree(b)) {
             if self.meta[(b / 64) as usize] & (1 << (b % 64)) == 0 {
@@ -416,6 +430,12 @@ impl SavedWalk {
             &mut stale,
             &on_save,
             "metadata blocks marked used by the trees are blocks of the save itself",
+            "",
+        );
+        note(
+            &mut stale,
+            &root_unmarked,
+            "tree roots are not marked used in its metadata bitmap",
             "",
         );
         note(
