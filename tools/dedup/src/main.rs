@@ -19,11 +19,12 @@ EXIT STATUS
     0   success; for check: no errors (warnings may have been printed)
     1   repair: errors were corrected
     4   check: errors were found and left uncorrected; dump: the metadata
-        has errors (use --force to dump anyway)
+        has errors (use --force to dump anyway); restore: the restored
+        metadata fails its check (a bug: please report it)
     8   operational error: cannot open or read a device, not a dm-dedup
         metadata device, device busy, too small, or the operation was
         refused (e.g. it would overwrite valid metadata without --force)
-    16  usage or syntax error"
+    16  usage or syntax error (for format also an unknown --hash)"
     };
 }
 
@@ -223,7 +224,10 @@ struct CheckArgs {
 /// Every change is reported: one line per cause, listing every block it
 /// concerns as ranges; lines starting with "note:" report findings that
 /// change nothing. The data device (--data) must be the table's data
-/// device, its size matching the metadata; it is only read. Hashes this
+/// device: at least as large as the metadata's data_blocks (a larger one
+/// is a grown device, which the kernel takes at activation; repair reads
+/// only the blocks the metadata describes and keeps its sizes). It is
+/// only read, after a flush. Hashes this
 /// tool computes: sha256, sha384, sha512, sha3-256, sha3-384, sha3-512,
 /// blake2b-256, blake2b-384, blake2b-512, crc32c, crc32, xxhash64.
 #[derive(Args, Debug)]
@@ -242,10 +246,14 @@ EXIT STATUS
         than the kernel requires for its sizes)
     8   operational error: cannot open or read a device, not a dm-dedup
         metadata device, truncated, no usable superblock (e.g. the only
-        valid one has a generation above 2^64 - 2^32 - 1), device busy,
-        refused because check finds the device clean (no --force), data
-        device of the wrong size, hash not computable with --data, write
-        failed (the device then opens as before)
+        valid one has a generation above 2^64 - 2^32 - 1), a new
+        generation that would pass that limit, device busy, refused
+        because check finds the device clean (no --force), a --data
+        device smaller than the metadata's data_blocks or that cannot be
+        flushed, hash not computable with --data, an unflushed newest
+        journal append without --data, a data block that such an append
+        makes live that cannot be read, write failed (the device then
+        opens as before)
     16  usage or syntax error")]
 struct RepairArgs {
     /// Metadata device or image file.
@@ -322,7 +330,10 @@ struct FormatArgs {
     /// powers of 1024 (e.g. 100G).
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     logical_size: Option<u64>,
-    /// Hash algorithm the table will name (crypto API name).
+    /// Hash algorithm the table will name (crypto API name): sha256,
+    /// sha384, sha512, sha3-256, sha3-384, sha3-512, blake2b-160,
+    /// blake2b-256, blake2b-384, blake2b-512, sm3, sha1, xxhash64, crc32c
+    /// or crc32; any other name is a usage error (exit 16).
     #[arg(long, value_name = "ALG", default_value = "sha256")]
     hash: String,
     /// Overwrite a device that holds a valid dm-dedup superblock.
@@ -382,7 +393,9 @@ struct DumpArgs {
 /// for the sizes, 64 to 2048 blocks), a new random journal id, epoch 1.
 /// A dump's journal part is not replayed again: its effect is in the
 /// dumped state. metadata_blocks becomes the size of the target device,
-/// which must be large enough for the dump's sizes. The result is checked before the command returns.
+/// which must be large enough for the dump's sizes. The result is checked
+/// before the command returns (exit 4 if it does not check clean, which
+/// would be a bug; the device then holds what was written).
 /// A device that already holds a valid superblock, or a superblock slot
 /// that is neither zeroed nor valid (perhaps damaged metadata that `dedup
 /// repair` can recover), is refused unless --force is given. A generation
@@ -641,7 +654,8 @@ fn run_format(a: FormatArgs) -> i32 {
             "format",
             format!(
                 "unknown hash '{}' (known: sha256, sha384, sha512, sha3-256, sha3-384, sha3-512, \
-                 blake2b-256, blake2b-384, blake2b-512, sm3, sha1, xxhash64, crc32c)",
+                 blake2b-160, blake2b-256, blake2b-384, blake2b-512, sm3, sha1, xxhash64, \
+                 crc32c, crc32)",
                 a.hash
             ),
         );
