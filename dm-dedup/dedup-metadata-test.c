@@ -447,7 +447,7 @@ static void dd_md_test_open_refused(struct kunit *test)
 	cfg->logical_blocks = 1000;
 	cfg->read_only = true;
 	KUNIT_EXPECT_EQ(test, dd_test_try_open(bdev, cfg, &error), -EINVAL);
-	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "read_only"));
+	KUNIT_EXPECT_NOT_NULL(test, strstr(error, "read-only"));
 	cfg->read_only = false;
 	dd_test_read_block(test, bdev, 1, raw);
 	KUNIT_EXPECT_NULL(test, memchr_inv(raw, 0, DD_BLOCK_SIZE));

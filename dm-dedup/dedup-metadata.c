@@ -416,7 +416,7 @@ static int dd_check_sb(struct dd_metadata *md, char **error)
 	if (md->read_only && dd_table_grows(md)) {
 		*error = md->needs_check ?
 			 "cannot grow a device flagged needs_check: run dedup check first" :
-			 "cannot grow a read-only device: load the larger table without read_only";
+			 "cannot grow a read-only device: drop read_only and --readonly";
 		return -EINVAL;
 	}
 	if (strncmp(sb->hash_name, cfg->hash_name, sizeof(sb->hash_name)) ||
@@ -978,7 +978,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			goto bad;
 		}
 		if (md->read_only || cfg->identity_only) {
-			*error = "metadata device is empty and read_only was given";
+			*error = "metadata device is empty and the table is read-only";
 			r = -EINVAL;
 			goto bad;
 		}

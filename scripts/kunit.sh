@@ -70,7 +70,8 @@ if [ ! -f "$SRC/Makefile" ] || [ ! -f "$SRC/tools/testing/kunit/kunit.py" ]; the
 	# Unpacked again when the tarball changed (a linux-source upgrade).
 	stamp=$(stat -c '%s %Y' "$TARBALL" 2>/dev/null || true)
 	if [ ! -f "$WORK/src/$name/tools/testing/kunit/kunit.py" ] ||
-	   [ "$(cat "$WORK/src/.tarball" 2>/dev/null)" != "$stamp" ]; then
+	   { [ -f "$TARBALL" ] &&
+	     [ "$(cat "$WORK/src/.tarball" 2>/dev/null)" != "$stamp" ]; }; then
 		[ -f "$TARBALL" ] || die "no kernel tree at $SRC and no $TARBALL (install linux-source-6.12)"
 		say "unpacking $TARBALL into $WORK/src (about a minute)"
 		rm -rf "$WORK/src.tmp"

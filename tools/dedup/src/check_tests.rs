@@ -1575,6 +1575,12 @@ fn rewritten_superblocks_drop_the_save() {
     edit_sb(&mut d, |sb| sb.flags |= SB_NEEDS_CHECK);
     let r = run(&d);
     assert!(r.has("needs_check") && r.saved.is_some());
+    // The kernel walks a flagged device's trees, whatever its save holds.
+    assert!(!r.saved.as_ref().unwrap().loadable);
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.code == saved::STALE && p.message.contains("flagged needs_check")));
     let states = read_slots(&d);
     let SlotState::Valid(cur) = &states[pick_superblock(&states).unwrap()] else {
         unreachable!()

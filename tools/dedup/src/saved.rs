@@ -432,6 +432,12 @@ impl SavedWalk {
             "metadata blocks marked used by the trees are blocks of the save itself",
             "",
         );
+        if sb.flags & SB_NEEDS_CHECK != 0 {
+            stale.push((
+                at,
+                "the superblock is flagged needs_check: the kernel walks the trees instead".into(),
+            ));
+        }
         note(
             &mut stale,
             &root_unmarked,
