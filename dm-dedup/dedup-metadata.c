@@ -833,8 +833,9 @@ static int dd_grow(struct dd_metadata *md, char **error)
 		r = dd_array_grow(&md->refcount, data, md->leaf_buf);
 	if (!r)
 		r = dd_array_grow(&md->fingerprint, data, md->leaf_buf);
+	/* Non-zero entries past an old end, or a damaged block: logged. */
 	if (r == -EILSEQ) {
-		*error = "metadata is damaged (entries past an array's end); run dedup check";
+		*error = "metadata is damaged (see the lines above); run dedup check";
 		return r;
 	}
 	if (r) {

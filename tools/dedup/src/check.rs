@@ -867,7 +867,7 @@ impl Walker<'_> {
                     at,
                     format!(
                         "{what}: the kernel refuses to grow the array to the table's {n} entries \
-                         (\"metadata is damaged (entries past an array's end)\")"
+                         (\"non-zero entries past its end\")"
                     ),
                 ),
                 None => self.warn("tail_nonzero", at, what),
