@@ -1053,9 +1053,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 			goto bad;
 	}
 	/* Nothing is reserved before the first write. */
-	if (!cfg->identity_only)
-		atomic64_set(&md->data_free,
-			     dd_space_free_blocks(&md->data));
+	atomic64_set(&md->data_free, dd_space_free_blocks(&md->data));
 	dd_counters(md, md->durable_counters);
 	/* Both point into the caller's open only. */
 	md->cfg.saved = NULL;

@@ -421,6 +421,11 @@ def umount_tmpfs(path=TMPFS):
         run(["umount", path], check=False)
 
 
+def dedup_check(meta, data=None):
+    """`dedup check META [--data DATA]`, its CompletedProcess."""
+    return run([DEDUP_BIN, "check", meta] + (["--data", data] if data else []), check=False)
+
+
 def check_clean(meta, data=None, what=""):
     """`dedup check META [--data DATA]` must exit 0 (clean; warnings
     allowed): the oracle on metadata a test leaves at a point it names
@@ -428,7 +433,7 @@ def check_clean(meta, data=None, what=""):
     the devices (the tool opens them with O_EXCL). Counted in the run's
     summary."""
     global METADATA_CHECKS, DATA_CHECKS
-    p = run([DEDUP_BIN, "check", meta] + (["--data", data] if data else []), check=False)
+    p = dedup_check(meta, data)
     assert p.returncode == 0, "%sdedup check %s%s: exit %d (0 = clean):\n%s%s" % (
         what + ": " if what else "", meta, " --data " + data if data else "",
         p.returncode, p.stdout[-4000:], p.stderr[-2000:])
@@ -532,8 +537,7 @@ class Backing:
                 if name.startswith("meta")]
         todo += [(os.path.basename(m), m, d) for m, d in self.pairs]
         for name, dev, data in todo:
-            p = run([DEDUP_BIN, "check", dev] + (["--data", data] if data else []),
-                    check=False)
+            p = dedup_check(dev, data)
             if p.returncode == 8 and "not formatted" in p.stderr:
                 continue
             if p.returncode != 0:

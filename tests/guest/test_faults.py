@@ -174,7 +174,7 @@ def test_metadata_writes_lost_ahead_of_a_commit_fail_it(backing, seed):
         reopen_healed(dd, lambda: os.unlink(os.path.join(small, "filler")),
                       committed, lost, seed)
         dd = None
-        p = run([ddlib.DEDUP_BIN, "check", loop], check=False)
+        p = ddlib.dedup_check(loop)
         assert p.returncode == 0, p.stdout + p.stderr
     finally:
         if dd is not None:
@@ -393,7 +393,7 @@ def test_medium_error_reading_the_map_fails_the_read(backing, medium_disk, seed)
             assert bd.read(lba) == want, "lba %d after the disk healed (zero write %s)" % (
                 lba, "completed" if zeroed else "failed")
     dd.remove()
-    p = run([ddlib.DEDUP_BIN, "check", medium_disk.path, "--data", data], check=False)
+    p = ddlib.dedup_check(medium_disk.path, data)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
@@ -433,5 +433,5 @@ def test_medium_error_writing_the_journal_fails_the_flush(backing, medium_disk, 
         assert bd.read(0) == block_data(seed, 0) and bd.read(1) == block_data(seed, 1)
         assert bd.read(10) == ddlib.ZERO, "the block whose append failed came back"
     dd.remove()
-    p = run([ddlib.DEDUP_BIN, "check", medium_disk.path, "--data", data], check=False)
+    p = ddlib.dedup_check(medium_disk.path, data)
     assert p.returncode == 0, p.stdout + p.stderr
