@@ -36,6 +36,7 @@ static struct dd_test_bio *dd_test_bio(struct kunit *test, const u8 *data,
 	KUNIT_ASSERT_NOT_NULL(test, buf);
 	KUNIT_ASSERT_TRUE(test, nr_segs >= 1 && nr_segs <= 3);
 	/* each segment lives at its own offset of a page of its own */
+	KUNIT_ASSERT_TRUE(test, PAGE_ALIGNED(buf));
 	tb->first = buf;
 	memcpy(tb->first, data, DD_BLOCK_SIZE);
 	tb->second = buf + DD_BLOCK_SIZE;
@@ -155,36 +156,45 @@ static void dd_data_test_equal(struct kunit *test)
 	dd_data_pool_exit(pool);
 }
 
+/* One segment of a test bio: @len bytes at @offset of a page of its own. */
+struct dd_test_seg {
+	unsigned int len;
+	unsigned int offset;
+};
+
 /*
- * Three blocks from segments that start and end inside blocks: 512 bytes
- * at the end of one page, then whole pages from offset 512 of others, so
- * every later segment straddles two blocks.
+ * Copies the blocks of a bio laid out as @segs, in pages whose other bytes
+ * are not part of the write, and checks that each block gets its own bytes.
  */
-static void dd_data_test_copy_blocks(struct kunit *test)
+static void dd_test_copy_layout(struct kunit *test,
+				const struct dd_test_seg *segs,
+				unsigned int nr_segs)
 {
 	const unsigned int nr = 3, size = nr * DD_BLOCK_SIZE;
+	const size_t buf_size = (nr_segs + 1) * DD_BLOCK_SIZE;
 	struct dd_data_pool *pool = dd_test_pool(test);
 	u8 *data = kunit_kmalloc(test, size, GFP_KERNEL);
-	u8 *bufs = kunit_kmalloc(test, 12 * DD_BLOCK_SIZE, GFP_KERNEL);
+	u8 *bufs = kunit_kmalloc(test, buf_size, GFP_KERNEL);
 	struct bio_vec bvec[5];
 	struct page *pages[3];
-	unsigned int i, off = 0, len;
+	unsigned int i, off = 0;
 	struct bio bio;
 	u8 *p;
 
 	KUNIT_ASSERT_NOT_NULL(test, data);
 	KUNIT_ASSERT_NOT_NULL(test, bufs);
+	KUNIT_ASSERT_LE(test, nr_segs, ARRAY_SIZE(bvec));
 	for (i = 0; i < size; i++)
 		data[i] = i * 7 + (i >> 12);
+	memset(bufs, 0xee, buf_size);
 	bio_init(&bio, NULL, bvec, ARRAY_SIZE(bvec), REQ_OP_WRITE);
-	for (i = 0; off < size; i++) {
-		len = min(i ? 3584U : 512U, size - off);
-		/* segment i in a page of its own, at offset 512 (or 3584) */
-		p = PTR_ALIGN(bufs, DD_BLOCK_SIZE) + i * 2 * DD_BLOCK_SIZE +
-		    (i ? 512 : 3584);
-		memcpy(p, data + off, len);
-		__bio_add_page(&bio, virt_to_page(p), len, offset_in_page(p));
-		off += len;
+	for (i = 0; i < nr_segs; i++) {
+		p = PTR_ALIGN(bufs, DD_BLOCK_SIZE) + i * DD_BLOCK_SIZE +
+		    segs[i].offset;
+		memcpy(p, data + off, segs[i].len);
+		__bio_add_page(&bio, virt_to_page(p), segs[i].len,
+			       offset_in_page(p));
+		off += segs[i].len;
 	}
 	KUNIT_ASSERT_EQ(test, bio.bi_iter.bi_size, size);
 	dd_data_copy(pool, &bio, pages, nr);
@@ -196,8 +206,37 @@ static void dd_data_test_copy_blocks(struct kunit *test)
 	dd_data_pool_exit(pool);
 }
 
+/*
+ * Three blocks from segments that start and end inside blocks: 512 bytes
+ * at the end of one page, then 3584-byte pieces from offset 512 of others,
+ * so every later segment straddles two blocks.
+ */
+static void dd_data_test_copy_blocks(struct kunit *test)
+{
+	static const struct dd_test_seg segs[] = {
+		{ 512, 3584 }, { 3584, 512 }, { 3584, 512 }, { 3584, 512 },
+		{ 1024, 512 },
+	};
+
+	dd_test_copy_layout(test, segs, ARRAY_SIZE(segs));
+}
+
+/*
+ * Whole aligned pages (copied by words) around a block made of the end of
+ * one page and the aligned start of another (copied by bytes).
+ */
+static void dd_data_test_copy_mixed(struct kunit *test)
+{
+	static const struct dd_test_seg segs[] = {
+		{ 4096, 0 }, { 3584, 512 }, { 512, 0 }, { 4096, 0 },
+	};
+
+	dd_test_copy_layout(test, segs, ARRAY_SIZE(segs));
+}
+
 static struct kunit_case dd_data_cases[] = {
 	KUNIT_CASE(dd_data_test_copy),
+	KUNIT_CASE(dd_data_test_copy_mixed),
 	KUNIT_CASE(dd_data_test_copy_blocks),
 	KUNIT_CASE(dd_data_test_zero),
 	KUNIT_CASE(dd_data_test_equal),
