@@ -10,7 +10,8 @@
 # one boot (default: this tree's), PROFILE_REPS=N to time N runs of each
 # workload without perf first, PROFILE_PERF=0 to time only, PROFILE_SYNC=1
 # to attach the two disks with cache=none (a guest flush is an fdatasync
-# of the disk's file on the host, as on the bench's datasync/metasync).
+# of the disk's file on the host, as on the bench's datasync/metasync),
+# PROFILE_PERCENT=P to list every symbol above P % of the samples (1.5).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,6 +36,7 @@ q() { printf '%q' "$1"; }
 CMD="export DEDUP_KO=$(q "$REPO/dm-dedup/dm-dedup.ko") PROFILE_OUT=$(q "$OUT")
 export PROFILE_BYTES=$(q "${PROFILE_BYTES:-256M}") PROFILE_MODULES=$(q "${PROFILE_MODULES:-}")
 export PROFILE_REPS=$(q "${PROFILE_REPS:-0}") PROFILE_PERF=$(q "${PROFILE_PERF:-1}")
+export PROFILE_PERCENT=$(q "${PROFILE_PERCENT:-1.5}")
 bash $(q "$REPO/tests/bench/profile.sh") $*"
 DRIVE=--drive
 [ "${PROFILE_SYNC:-0}" != 1 ] || DRIVE=--sync-drive

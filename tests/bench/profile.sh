@@ -8,6 +8,8 @@
 #
 # usage: profile.sh WORKLOAD...   (seq0: 1 MiB writes, unique data;
 #                                  seq100: 1 MiB writes, all duplicates;
+#                                  seq<dup>q<depth>, e.g. seq0q16: 1 MiB
+#                                  writes, dup % duplicates, another iodepth;
 #                                  rand0, rand50, rand90: 4 KiB random writes,
 #                                  none, 50 or 90 % duplicates, iodepth 32;
 #                                  rand<dup>q<depth>, e.g. rand0q4: the same
@@ -83,6 +85,9 @@ workload_opts() { # workload_opts WORKLOAD: sets opts, and fill for a read
     case "$1" in
         seq0) opts=(--rw=write --bs=1M --iodepth=4) ;;
         seq100) opts=(--rw=write --bs=1M --iodepth=4 --dedupe_percentage=100) ;;
+        seq*q*)     # seq<duplicate %>q<iodepth>, e.g. seq0q16
+            local s=${1#seq}
+            opts=(--rw=write --bs=1M --iodepth=${s#*q} --dedupe_percentage=${s%q*}) ;;
         rand0) opts=(--rw=randwrite --bs=4k --iodepth=32) ;;
         rand50|rand90)
             opts=(--rw=randwrite --bs=4k --iodepth=32 --dedupe_percentage=${1#rand}) ;;
@@ -155,7 +160,7 @@ profile_module() { # profile_module LABEL WORKLOAD...
         dmsetup remove --retry prof-dedup
         echo "--- where the CPU time went (self time, top symbols) ---"
         perf report -q -i "$OUT/$label-$w.data" --kallsyms=/proc/kallsyms --no-children --sort sym --stdio -g none \
-            --percent-limit 1.5 2>/dev/null | sed 's/[[:space:]]*$//' | sed -n 1,40p
+            --percent-limit "${PROFILE_PERCENT:-1.5}" 2>/dev/null | sed 's/[[:space:]]*$//' | sed -n 1,40p
         # The write path copies each block into a page of its own before the
         # zero test and the hash (dedup-data.h); this is what that costs next
         # to the hash, both with what they call (memcpy, the SHA-256 rounds).
