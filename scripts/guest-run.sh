@@ -134,8 +134,11 @@ if ! flock -n 9; then
 fi
 
 # ... and guests started by other means (2 cores: never two at once).
+# By command line: pgrep -x compares the 15-character process name, which
+# "qemu-system-x86_64" never equals.
 waited=0
-while pgrep -x qemu-system-x86_64 >/dev/null 2>&1 && [ "$waited" -lt "${GUEST_WAIT:-1800}" ]; do
+while pgrep -f '^[^ ]*qemu-system-x86_64( |$)' >/dev/null 2>&1 &&
+      [ "$waited" -lt "${GUEST_WAIT:-1800}" ]; do
     [ "$waited" != 0 ] || echo "guest-run: another QEMU is running; waiting for it (up to ${GUEST_WAIT:-1800}s)"
     sleep 5
     waited=$((waited + 5))
