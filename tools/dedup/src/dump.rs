@@ -705,9 +705,12 @@ pub fn restore_to(
     if !force {
         let slots = check::read_slots(dev);
         if let Some(i) = pick_superblock(&slots) {
+            let SlotState::Valid(sb) = &slots[i] else {
+                unreachable!()
+            };
             return Err((
                 EXIT_OPERATIONAL,
-                format!("the device holds valid dm-dedup metadata (slot {i}); use --force to overwrite it"),
+                crate::ondisk::holds_metadata_text("the device", i, sb),
             ));
         }
         if let Some((i, why)) = crate::ondisk::damaged_slot(&slots) {

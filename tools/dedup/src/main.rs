@@ -695,15 +695,7 @@ fn run_format(a: FormatArgs) -> i32 {
             let SlotState::Valid(sb) = &slots[i] else {
                 unreachable!()
             };
-            err(
-                "format",
-                format!(
-                    "{name} already holds dm-dedup metadata (slot {i}, generation {}, {} mapped blocks); \
-                     use --force to overwrite it",
-                    sb.generation(),
-                    sb.mapped_blocks
-                ),
-            );
+            err("format", ondisk::holds_metadata_text(&name, i, sb));
             return EXIT_OPERATIONAL;
         }
         if let Some((i, why)) = ondisk::damaged_slot(&slots) {

@@ -1337,6 +1337,17 @@ pub fn not_zeroed_text(name: &str, slot: usize, why: &str) -> String {
     )
 }
 
+/// Why format and restore refuse a device whose slot `slot` holds valid
+/// metadata (without --force).
+pub fn holds_metadata_text(name: &str, slot: usize, sb: &Superblock) -> String {
+    format!(
+        "{name} already holds dm-dedup metadata (slot {slot}, generation {}, {} mapped blocks); \
+         use --force to overwrite it",
+        sb.generation(),
+        sb.mapped_blocks
+    )
+}
+
 /// dd_md_open(): the valid slot with the highest generation; on a tie the
 /// lower slot wins (the kernel compares with a strict `>`).
 pub fn pick_superblock(states: &[SlotState]) -> Option<usize> {

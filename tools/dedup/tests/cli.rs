@@ -216,7 +216,23 @@ fn format_then_check() {
         "20000",
     ]);
     assert_eq!(code(&o), 8);
-    assert!(err(&o).contains("already holds dm-dedup metadata"));
+    assert!(err(&o).contains("already holds dm-dedup metadata (slot "));
+    // So does restoring over it, with the same words.
+    let dump = t.path("d.json");
+    let o = dedup(&["dump", s(&m), "-o", s(&dump)]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let o = dedup(&["restore", s(&dump), s(&m)]);
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(
+        err(&o).contains("already holds dm-dedup metadata (slot "),
+        "{}",
+        err(&o)
+    );
+    assert!(
+        err(&o).contains("use --force to overwrite it"),
+        "{}",
+        err(&o)
+    );
     let o = dedup(&[
         "format",
         s(&m),
