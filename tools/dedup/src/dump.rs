@@ -703,21 +703,8 @@ pub fn restore_to(
         ));
     }
     if !force {
-        let slots = check::read_slots(dev);
-        if let Some(i) = pick_superblock(&slots) {
-            let SlotState::Valid(sb) = &slots[i] else {
-                unreachable!()
-            };
-            return Err((
-                EXIT_OPERATIONAL,
-                crate::ondisk::holds_metadata_text("the device", i, sb),
-            ));
-        }
-        if let Some((i, why)) = crate::ondisk::damaged_slot(&slots) {
-            return Err((
-                EXIT_OPERATIONAL,
-                crate::ondisk::not_zeroed_text("the device", i, why),
-            ));
+        if let Some(why) = overwrite_refusal("the device", &check::read_slots(dev)) {
+            return Err((EXIT_OPERATIONAL, why));
         }
     }
     spec.sb.metadata_blocks = have;

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use dedup_tools::check::{self, CheckOptions};
 use dedup_tools::device::{self, BlockDev, FileDev};
-use dedup_tools::ondisk::{self, SlotState};
+use dedup_tools::ondisk;
 use dedup_tools::util::*;
 use dedup_tools::{dump, estimate, repair, stats, writer};
 
@@ -690,16 +690,8 @@ fn run_format(a: FormatArgs) -> i32 {
         return EXIT_OPERATIONAL;
     }
     if !a.force {
-        let slots = check::read_slots(&dev);
-        if let Some(i) = ondisk::pick_superblock(&slots) {
-            let SlotState::Valid(sb) = &slots[i] else {
-                unreachable!()
-            };
-            err("format", ondisk::holds_metadata_text(&name, i, sb));
-            return EXIT_OPERATIONAL;
-        }
-        if let Some((i, why)) = ondisk::damaged_slot(&slots) {
-            err("format", ondisk::not_zeroed_text(&name, i, why));
+        if let Some(why) = ondisk::overwrite_refusal(&name, &check::read_slots(&dev)) {
+            err("format", why);
             return EXIT_OPERATIONAL;
         }
     }

@@ -1321,31 +1321,34 @@ pub fn classify_slot(slot: u64, b: &Block) -> SlotState {
 /// the kernel refuses to format such a device ("not zeroed"), and a
 /// writer that starts from scratch must not overwrite it unforced either,
 /// since it may hold damaged metadata that `dedup repair` can recover.
-pub fn damaged_slot(states: &[SlotState]) -> Option<(usize, &str)> {
+fn damaged_slot(states: &[SlotState]) -> Option<(usize, &str)> {
     states.iter().enumerate().find_map(|(i, st)| match st {
         SlotState::Bad(why) => Some((i, why.as_str())),
         _ => None,
     })
 }
 
-/// The refusal for `damaged_slot`'s finding on device `name`.
-pub fn not_zeroed_text(name: &str, slot: usize, why: &str) -> String {
-    format!(
+/// Why format and restore, unforced, refuse to write over device `name`
+/// whose superblock slots read as `states`: valid metadata (the slot the
+/// kernel would open), or a damaged slot. None: both slots are zeroed.
+pub fn overwrite_refusal(name: &str, states: &[SlotState]) -> Option<String> {
+    if let Some(slot) = pick_superblock(states) {
+        let SlotState::Valid(sb) = &states[slot] else {
+            unreachable!()
+        };
+        return Some(format!(
+            "{name} already holds dm-dedup metadata (slot {slot}, generation {}, {} mapped \
+             blocks); use --force to overwrite it",
+            sb.generation(),
+            sb.mapped_blocks
+        ));
+    }
+    let (slot, why) = damaged_slot(states)?;
+    Some(format!(
         "{name}: superblock slot {slot} is neither zeroed nor valid ({why}): it may hold damaged \
          dm-dedup metadata (try `dedup check`, then `dedup repair`) or other data; use --force \
          to overwrite it"
-    )
-}
-
-/// Why format and restore refuse a device whose slot `slot` holds valid
-/// metadata (without --force).
-pub fn holds_metadata_text(name: &str, slot: usize, sb: &Superblock) -> String {
-    format!(
-        "{name} already holds dm-dedup metadata (slot {slot}, generation {}, {} mapped blocks); \
-         use --force to overwrite it",
-        sb.generation(),
-        sb.mapped_blocks
-    )
+    ))
 }
 
 /// dd_md_open(): the valid slot with the highest generation; on a tie the
