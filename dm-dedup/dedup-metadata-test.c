@@ -2092,6 +2092,57 @@ static void dd_md_test_in_place(struct kunit *test)
 }
 
 /*
+ * Verify binds a share to the holder whose bytes it compared (d.only):
+ * with two live holders of one fingerprint in a leaf, the second is
+ * taken, on the exclusive path (the first change after a commit) and in
+ * place; a block that does not hold the fingerprint is a soft miss that
+ * changes nothing; without d.only the first holder is taken.
+ */
+static void dd_md_test_share_only(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 leaf, p0, p1, p2, lba, in_place;
+	u8 fp[DD_FP_SIZE];
+	struct dd_md_freed f;
+	struct dd_md_dup d;
+	unsigned int done;
+
+	p0 = dd_test_write(test, md, 0, 7);
+	p1 = dd_test_write(test, md, 1, 7);
+	p2 = dd_test_write(test, md, 2, 8);
+	leaf = p1 / (DD_PAYLOAD_SIZE / DD_FP_SIZE);
+	KUNIT_ASSERT_EQ(test, p0 / (DD_PAYLOAD_SIZE / DD_FP_SIZE), leaf);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_fp(fp, 7);
+	in_place = dd_test_stats(md).in_place_changes;
+	for (lba = 10; lba < 12; lba++) {
+		d = (struct dd_md_dup){ .lba = lba, .leaf = leaf, .fp = fp,
+					.only = p1 + 1 };
+		dd_md_map_duplicates(md, &d, 1, &done, &f);
+		KUNIT_EXPECT_EQ(test, done, 1);
+		KUNIT_EXPECT_EQ(test, d.r, 0);
+		KUNIT_EXPECT_EQ(test, d.pba, p1);
+		dd_test_expect_map(test, md, lba, p1);
+	}
+	/* the first went exclusive, the second in place */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes, in_place + 1);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p1), 3);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0), 1);
+
+	d = (struct dd_md_dup){ .lba = 12, .leaf = leaf, .fp = fp,
+				.only = p2 + 1 };
+	dd_md_map_duplicates(md, &d, 1, &done, &f);
+	KUNIT_EXPECT_EQ(test, d.r, -ENOENT);
+	dd_test_expect_unmapped(test, md, 12);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 1);
+
+	KUNIT_EXPECT_EQ(test, dd_test_share_known(test, md, 12, p0), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0), 2);
+}
+
+/*
  * New blocks whose leaves the running transaction already wrote are
  * recorded in place, and may free the block they replace; a share finds
  * them by their record, and a replay after a crash finds them all.
@@ -2623,6 +2674,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_saved_refused),
 	KUNIT_CASE(dd_md_test_journal_replay),
 	KUNIT_CASE(dd_md_test_in_place),
+	KUNIT_CASE(dd_md_test_share_only),
 	KUNIT_CASE(dd_md_test_new_in_place),
 	KUNIT_CASE(dd_md_test_journal_counts_only),
 	KUNIT_CASE(dd_md_test_journal_torn),

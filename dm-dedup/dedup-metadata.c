@@ -1547,9 +1547,32 @@ static int dd_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 	return dd_take_duplicate(md, lba, pba, rc, freed);
 }
 
-/* As dd_map_duplicate, with the first live holder in fingerprint leaf @leaf. */
-static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
-				    const u8 *fp, u64 *pba,
+/*
+ * Which of the @n live holders of @d's content to share: the one d->only
+ * names, else the first not saturated (a saturated holder may have a copy
+ * beside it). -ENOENT when d->only is not among them; -EOVERFLOW when the
+ * one picked is saturated.
+ */
+static int dd_pick_holder(const struct dd_md_dup *d, const u64 *holder,
+			  const u32 *rc, int n)
+{
+	int i;
+
+	if (d->only) {
+		for (i = 0; i < n && holder[i] + 1 != d->only; i++)
+			;
+		if (i == n)
+			return -ENOENT;
+	} else {
+		for (i = 0; i < n - 1 && rc[i] >= DD_REFCOUNT_MAX; i++)
+			;
+	}
+	return rc[i] >= DD_REFCOUNT_MAX ? -EOVERFLOW : i;
+}
+
+/* As dd_map_duplicate, with the holder dd_pick_holder() picks in d->leaf. */
+static int dd_map_duplicate_in_leaf(struct dd_metadata *md,
+				    struct dd_md_dup *d,
 				    struct dd_md_freed *freed)
 {
 	u64 holder[DD_MD_HOLDERS_MAX];
@@ -1558,14 +1581,14 @@ static int dd_map_duplicate_in_leaf(struct dd_metadata *md, u64 lba, u64 leaf,
 
 	if (md->read_only)
 		return -EROFS;
-	n = dd_find_holders(md, leaf, fp, holder, rc, DD_MD_HOLDERS_MAX);
+	n = dd_find_holders(md, d->leaf, d->fp, holder, rc, DD_MD_HOLDERS_MAX);
 	if (n <= 0)
 		return n ? n : -ENOENT;
-	/* A saturated holder may have a copy beside it. */
-	for (i = 0; i < n - 1 && rc[i] >= DD_REFCOUNT_MAX; i++)
-		;
-	*pba = holder[i];
-	return dd_take_duplicate(md, lba, holder[i], rc[i], freed);
+	i = dd_pick_holder(d, holder, rc, n);
+	if (i < 0)
+		return i;
+	d->pba = holder[i];
+	return dd_take_duplicate(md, d->lba, holder[i], rc[i], freed);
 }
 
 /*
@@ -1809,10 +1832,9 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
 		r = n ? n : -ENOENT;
 		goto out;
 	}
-	for (i = 0; i < n - 1 && rc[i] >= DD_REFCOUNT_MAX; i++)
-		;
-	r = -EOVERFLOW;
-	if (rc[i] >= DD_REFCOUNT_MAX)
+	i = dd_pick_holder(d, holder, rc, n);
+	r = i;
+	if (i < 0)
 		goto out;
 	d->pba = holder[i];
 	ip.fe = dd_array_held_entry(&md->fingerprint, &fpl, d->pba);
@@ -1967,8 +1989,7 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 		r = dd_share_in_place(md, &d[i], freed);
 		if (r == -EAGAIN) {
 			dd_lock_for_copy(md);
-			r = dd_map_duplicate_in_leaf(md, d[i].lba, d[i].leaf,
-						     d[i].fp, &d[i].pba, freed);
+			r = dd_map_duplicate_in_leaf(md, &d[i], freed);
 			downgrade_write(&md->lock);
 		}
 		d[i++].r = r;

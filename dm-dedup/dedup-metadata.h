@@ -223,6 +223,11 @@ struct dd_md_dup {
 	u64 lba;
 	u64 leaf;	/* the fingerprint leaf to find a live holder of fp in */
 	const u8 *fp;
+	/*
+	 * 0, or PBA + 1 of the one holder to take: the block whose content
+	 * the caller compared byte for byte (verify).
+	 */
+	u64 only;
 	u64 pba;	/* out: the holder shared */
 	int r;		/* what dd_md_map_duplicate would have returned */
 };
@@ -231,11 +236,11 @@ struct dd_md_dup {
  * dd_md_map_duplicate for @d[0..nr) in order, in one hold of the metadata
  * lock shared, but for each entry whose leaves the running transaction
  * has not written yet, which holds it exclusive for itself alone; with
- * the first live holder of d[i].fp in fingerprint leaf d[i].leaf
- * (-ENOENT: none), up to and including the first entry that frees a
- * block (its *freed) or fails with an error other than a soft miss.
- * *done (>= 1) is the number of entries handled, each with its result in
- * d[i].r.
+ * the first live holder of d[i].fp in fingerprint leaf d[i].leaf, or the
+ * one d[i].only names if it is live and holds d[i].fp (-ENOENT: none),
+ * up to and including the first entry that frees a block (its *freed) or
+ * fails with an error other than a soft miss. *done (>= 1) is the number
+ * of entries handled, each with its result in d[i].r.
  */
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			  unsigned int nr, unsigned int *done,
