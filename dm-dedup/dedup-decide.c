@@ -586,6 +586,86 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
 		dd_check_writeback(dc);
 }
 
+/* What verify compared for the blocks of one write (dd_verify_write). */
+struct dd_verified {
+	u64 seq;		/* dc->commit_seq when the reads were made */
+	u64 same[DD_BIO_BLOCKS];	/* by block: PBA + 1 of equal bytes, or 0 */
+	/* the reads, compacted, and the read each block compares with */
+	u64 pba[DD_BIO_BLOCKS];
+	struct page *page[DD_BIO_BLOCKS];
+	int error[DD_BIO_BLOCKS];
+	u8 read[DD_BIO_BLOCKS];
+};
+
+/*
+ * Under verify, before dd_share_known() shares the known blocks of a
+ * write: each compared with the first live holder of its content in its
+ * first candidate leaf, all read at once without the transaction lock (a
+ * sequential copy finds its candidates side by side: one read per run).
+ * NULL when none could be compared: short of memory, or a commit ran
+ * during the reads and may have let a freed block be reused (as in
+ * dd_share). A block left without an equal holder goes its own steps
+ * (dd_try_dedup), which read one candidate at a time and count what
+ * differs.
+ */
+static noinline_for_stack struct dd_verified *
+dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
+		unsigned int nr)
+{
+	struct dd_verified *v;
+	unsigned int i, k, n = 0;
+	u64 leaf[DD_BIO_BLOCKS];
+	bool known[DD_BIO_BLOCKS];
+
+	lockdep_assert_held_read(&dc->lock);
+	v = kmalloc(sizeof(*v), GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
+	if (!v)
+		return NULL;
+	nr = min_t(unsigned int, nr, DD_BIO_BLOCKS);
+	spin_lock(&dc->index_lock);
+	for (i = 0; i < nr; i++)
+		known[i] = !(blk[i].flags & DD_BLOCK_ZERO) &&
+			   dd_index_candidates(dc, blk[i].fp, NULL, 0,
+					       &leaf[i], 1);
+	spin_unlock(&dc->index_lock);
+	for (i = 0; i < nr; i++) {
+		v->same[i] = 0;
+		v->read[i] = U8_MAX;
+		if (!known[i] ||
+		    dd_md_find_holders(dc->md, leaf[i], blk[i].fp, &v->pba[n],
+				       1) <= 0)
+			continue;
+		/* A run of equal blocks: one read for the run. */
+		if (n && v->pba[n] == v->pba[n - 1]) {
+			v->read[i] = n - 1;
+			continue;
+		}
+		/* Short of memory, the block's own steps store a copy. */
+		v->page[n] = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
+		if (v->page[n])
+			v->read[i] = n++;
+	}
+	if (!n)
+		goto none;
+	v->seq = dc->commit_seq;
+	up_read(&dc->lock);
+	dd_read_data_blocks(dc, v->pba, v->page, v->error, n);
+	for (i = 0; i < nr; i++) {
+		k = v->read[i];
+		if (k != U8_MAX && !v->error[k] &&
+		    dd_data_equal(v->page[k], blk[i].data))
+			v->same[i] = v->pba[k] + 1;
+	}
+	for (k = 0; k < n; k++)
+		__free_page(v->page[k]);
+	down_read(&dc->lock);
+	if (dc->commit_seq == v->seq)
+		return v;
+none:
+	kfree(v);
+	return NULL;
+}
+
 /*
  * The blocks whose content the index already knows, shared in groups of
  * up to DD_MAP_BATCH per trip through the index lock and the metadata
@@ -594,13 +674,16 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
  * as dd_share does. Content the index does not know is decided in the
  * same hold as its lookup (DD_STORE or DD_PARKED): looking it up again
  * in dd_try_dedup would find nothing more, and unique data would pay for
- * both lookups. Anything else (zero blocks, a candidate that died,
- * verify) is left DD_UNDECIDED for dd_decide_block.
+ * both lookups. Under verify, only blocks whose bytes were compared are
+ * shared here (dd_verify_write). Anything else (zero blocks, a candidate
+ * that died, one that verify did not confirm) is left DD_UNDECIDED for
+ * dd_decide_block.
  */
 static noinline_for_stack void
 dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 	       u8 *decision)
 {
+	struct dd_verified *v = NULL;
 	struct dd_md_dup d[DD_MAP_BATCH];
 	u8 which[DD_MAP_BATCH];
 	struct dd_md_freed freed;
@@ -609,8 +692,10 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 
 	lockdep_assert_held_read(&dc->lock);
 	memset(decision, DD_UNDECIDED, nr);
-	if (dc->verify || READ_ONCE(dc->mode) != DD_MODE_RW)
+	if (READ_ONCE(dc->mode) != DD_MODE_RW)
 		return;
+	if (dc->verify)
+		v = dd_verify_write(dc, blk, nr);
 	while (i < nr) {
 		if (i)
 			dd_let_commit_in(dc);
@@ -624,6 +709,18 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 				decision[i] = dd_lead_or_park(dc, &blk[i]);
 				continue;
 			}
+			d[n].only = 0;
+			if (dc->verify) {
+				/*
+				 * Only bytes compared since the last commit:
+				 * one may have let the holder be reused.
+				 */
+				if (!v || i >= DD_BIO_BLOCKS || !v->same[i] ||
+				    dc->commit_seq != v->seq)
+					continue;
+				d[n].only = v->same[i];
+				cand = dd_index_leaf_of(d[n].only - 1);
+			}
 			d[n].lba = blk[i].lba;
 			d[n].leaf = cand;
 			d[n].fp = blk[i].fp;
@@ -632,12 +729,14 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 		spin_unlock(&dc->index_lock);
 		for (k = 0; k < n; k += done) {
 			if (READ_ONCE(dc->mode) != DD_MODE_RW)
-				return;
+				goto out;
 			dd_md_map_duplicates(dc->md, d + k, n - k, &done, &freed);
 			dd_shared_known(dc, blk, decision, d + k, which + k, done,
 					&freed);
 		}
 	}
+out:
+	kfree(v);
 }
 
 /*

@@ -75,6 +75,70 @@ int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page)
 	return dd_device_error(r);
 }
 
+/* Reads of dd_read_data_blocks() in flight. */
+struct dd_data_reads {
+	atomic_t pending;
+	struct completion done;
+};
+
+static void dd_data_reads_endio(struct bio *bio)
+{
+	struct dd_data_reads *rd = bio->bi_private;
+
+	/* The bio and its status stay ours: the waiter reads and puts it. */
+	if (atomic_dec_and_test(&rd->pending))
+		complete(&rd->done);
+}
+
+/*
+ * Data blocks @pba[0..@nr) read into @page[] and waited for, all at once,
+ * one bio per run of consecutive blocks: the candidates that verify
+ * compares for a batch of duplicates, which a sequential copy finds
+ * side by side. @error[i] is what block i's read returned.
+ */
+void dd_read_data_blocks(struct dedup_c *dc, const u64 *pba,
+			 struct page **page, int *error, unsigned int nr)
+{
+	struct dd_data_reads rd;
+	struct bio *bio[DD_DATA_READS];
+	unsigned int first[DD_DATA_READS];
+	unsigned int i, j, len, nr_bio = 0;
+	struct blk_plug plug;
+	int r;
+
+	if (WARN_ON_ONCE(nr > DD_DATA_READS)) {
+		for (i = DD_DATA_READS; i < nr; i++)
+			error[i] = -EIO;
+		nr = DD_DATA_READS;
+	}
+	atomic_set(&rd.pending, 1);
+	init_completion(&rd.done);
+	blk_start_plug(&plug);
+	for (i = 0; i < nr; i += len) {
+		for (len = 1; i + len < nr && pba[i + len] == pba[i] + len; len++)
+			;
+		bio[nr_bio] = bio_alloc(dc->data_dev->bdev, len, REQ_OP_READ,
+					GFP_NOIO);
+		bio[nr_bio]->bi_iter.bi_sector = pba[i] * DD_SECTORS_PER_BLOCK;
+		for (j = 0; j < len; j++)
+			__bio_add_page(bio[nr_bio], page[i + j], DD_BLOCK_SIZE, 0);
+		bio[nr_bio]->bi_end_io = dd_data_reads_endio;
+		bio[nr_bio]->bi_private = &rd;
+		first[nr_bio] = i;
+		atomic_inc(&rd.pending);
+		submit_bio(bio[nr_bio++]);
+	}
+	blk_finish_plug(&plug);
+	if (!atomic_dec_and_test(&rd.pending))
+		wait_for_completion_io(&rd.done);
+	for (j = 0; j < nr_bio; j++) {
+		r = dd_device_error(blk_status_to_errno(bio[j]->bi_status));
+		for (i = first[j]; i < (j + 1 < nr_bio ? first[j + 1] : nr); i++)
+			error[i] = r;
+		bio_put(bio[j]);
+	}
+}
+
 /*
  * A run of blocks looked up (dd_md_lookup_run returned @r): unmapped ones
  * read as zeros, mapped ones go to the data device in one piece.

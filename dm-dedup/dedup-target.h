@@ -347,6 +347,10 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
 void dd_io_drain(struct dedup_c *dc);
 int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page);
+/* Blocks dd_read_data_blocks() reads in one call, at most. */
+#define DD_DATA_READS	DD_BIO_BLOCKS
+void dd_read_data_blocks(struct dedup_c *dc, const u64 *pba,
+			 struct page **page, int *error, unsigned int nr);
 
 /* dedup-decide.c */
 void dd_decide_init(struct dedup_c *dc);

@@ -14,6 +14,7 @@ the hole by comparing bytes), and the helper tests/guest/helpers/racewrite.c
 data block against its fingerprint record and fails the test on a mismatch.
 """
 
+import mmap
 import os
 import time
 
@@ -441,6 +442,39 @@ def test_verify_tries_every_candidate(make_dedup, seed):
         assert st["unique_writes"] == 3, st["raw"]
         for i, b in enumerate(x):
             assert bd.read(i) == b and bd.read(10 + i) == b, "lba %d" % i
+    d.remove()
+
+
+def test_verify_batch_compares_every_block(make_dedup, seed):
+    """One 128 KiB write copies 32 stored blocks, two of them swapped for
+    blocks with the same CRC-32C but other bytes. The write's candidates
+    are read and compared together (dd_verify_write): the 30 copies are
+    shared, the two impostors are stored, and every block reads back."""
+    d = make_dedup(opts=["hash", "crc32c", "verify"])
+    n = 32
+    orig = [ddlib.block_data(seed, 100 + i) for i in range(n)]
+    copy = list(orig)
+    copy[5] = crc32c_collision(orig[5], b"\x07")
+    copy[20] = crc32c_collision(orig[20], b"\x08\x09")
+    buf = mmap.mmap(-1, n * ddlib.BLOCK)
+    try:
+        with ddlib.BlockDev(d.path) as bd:
+            for lba, blocks in ((0, orig), (64, copy)):
+                buf[:] = b"".join(blocks)
+                assert os.pwrite(bd.fd, buf, lba * ddlib.BLOCK) == n * ddlib.BLOCK
+                bd.fsync()
+                if lba == 0:
+                    st0 = d.status()
+                    mm0 = int(d.stats()["verify_mismatches"])
+            st = d.status()
+            assert st["unique_writes"] - st0["unique_writes"] == 2, st["raw"]
+            assert st["duplicate_writes"] - st0["duplicate_writes"] == n - 2, st["raw"]
+            assert int(d.stats()["verify_mismatches"]) - mm0 == 2
+            got = bd.read_range(0, n) + bd.read_range(64, n)
+            assert [i for i in range(n) if got[i] != orig[i]] == []
+            assert [i for i in range(n) if got[n + i] != copy[i]] == []
+    finally:
+        buf.close()
     d.remove()
 
 
