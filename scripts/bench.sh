@@ -23,7 +23,9 @@
 #
 # Environment: BENCH_REPS (3), BENCH_ROUNDS (2: the write series' runs are
 # split over two fresh devices per stack, the stacks taking turns; 1 with
-# BENCH_QUICK), BENCH_QUICK, BENCH_STACKS ("raw thin vdo dedup"),
+# BENCH_QUICK), BENCH_QUICK, BENCH_STACKS ("raw thin vdo dedup fast";
+# "fast" is the tree's module with "hash xxhash64 verify", in the write
+# series and the VM-pool copy only),
 # BENCH_WORKLOADS ("seqwrite randwrite randread fsync fsync_sync discard
 # activation pool pool_sync"; the _sync ones repeat fsync and pool on the
 # cache=none disks), BENCH_CACHE (/var/cache/dm-dedup-bench; its file
@@ -101,7 +103,7 @@ fi
 # BENCH_BEFORE=<commit>: the module of that commit runs as one more stack,
 # "before", for before-and-after figures from one boot. Built in a
 # worktree under tests/out, where the guest can see it.
-STACKS=${BENCH_STACKS:-raw thin vdo dedup}
+STACKS=${BENCH_STACKS:-raw thin vdo dedup fast}
 BEFORE_KO=
 if [ -n "${BENCH_BEFORE:-}" ]; then
     wt=$REPO/tests/out/bench-before
@@ -112,7 +114,7 @@ if [ -n "${BENCH_BEFORE:-}" ]; then
     git -C "$REPO" worktree add -f --detach "$wt" "$before" >/dev/null
     make -s -C "$wt" KDIR="/usr/src/linux-headers-$KVER" module >/dev/null
     BEFORE_KO=$wt/dm-dedup/dm-dedup.ko
-    [ -z "${BENCH_STACKS:-}" ] && STACKS="raw thin vdo before dedup"
+    [ -z "${BENCH_STACKS:-}" ] && STACKS="raw thin vdo before dedup fast"
 fi
 [ -x "$REPO/tools/target/release/dedup" ] || die "no tools/target/release/dedup"
 
@@ -138,11 +140,14 @@ host_cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
 qemu_ver=$(qemu-system-x86_64 --version | head -n 1)
 host_disk=$(findmnt -no SOURCE,FSTYPE -T "$CACHE/disks" | head -n 1)
 q() { printf '%q' "$1"; }
-# The profiles cover the module before the change and the early_ack stack
-# when those are measured too.
+# The profiles cover the module before the change, the fast-hash stack and
+# the early_ack stack when those are measured too.
 PROFILE_MODULES=
 [ -n "$BEFORE_KO" ] && PROFILE_MODULES="before=$BEFORE_KO"
 PROFILE_MODULES+="${PROFILE_MODULES:+ }dm-dedup=$REPO/dm-dedup/dm-dedup.ko"
+case " $STACKS " in
+    *" fast "*) PROFILE_MODULES+=" fast=$REPO/dm-dedup/dm-dedup.ko:hash,xxhash64,verify" ;;
+esac
 case " $STACKS " in
     *" ack "*) PROFILE_MODULES+=" early_ack=$REPO/dm-dedup/dm-dedup.ko:early_ack" ;;
 esac
