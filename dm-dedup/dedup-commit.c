@@ -646,7 +646,7 @@ static int dd_commit_metadata(struct dedup_c *dc, int flush_error)
 	 * Blocks freed in the last transaction become reusable at this
 	 * commit; a read that looked one up before it was freed must not see
 	 * new content. New lookups are excluded by the lock; a verify read
-	 * made without it finds commit_seq moved (dd_share).
+	 * made without it finds commit_seq moved (dd_share, dd_verify_write).
 	 */
 	dc->commit_seq++;
 	if (dd_md_data_reusable_at_commit(dc->md))

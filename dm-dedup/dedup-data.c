@@ -3,6 +3,8 @@
  * Data blocks the target owns; see dedup-data.h.
  */
 #include <linux/bio.h>
+#include <linux/blkdev.h>
+#include <linux/completion.h>
 #include <linux/highmem.h>
 #include <linux/kmsan.h>
 #include <linux/string.h>
@@ -162,4 +164,66 @@ bool dd_data_equal(struct page *a, struct page *b)
 	kunmap_local(q);
 	kunmap_local(p);
 	return same;
+}
+
+static void dd_data_read_endio(struct bio *bio)
+{
+	struct dd_data_run *run = bio->bi_private;
+	struct dd_data_reads *rd = run->reads;
+	int r = blk_status_to_errno(bio->bi_status) ? -EIO : 0;
+	unsigned int i;
+
+	for (i = 0; i < run->len; i++)
+		run->error[i] = r;
+	/* Back to the bio pool now: the caller may be waiting for another. */
+	bio_put(bio);
+	if (atomic_dec_and_test(&rd->pending))
+		complete(&rd->done);
+}
+
+/*
+ * Data blocks @pba[0..@nr) read into @page[] and waited for, all at once,
+ * one bio per run of consecutive blocks: the candidates that verify
+ * compares for the blocks of a write, which a sequential copy finds side
+ * by side. @error[i] is what block i's read returned; @rd is the caller's
+ * room for the reads in flight. Returns the number of bios.
+ */
+unsigned int dd_data_read(struct block_device *bdev, const u64 *pba,
+			  struct page **page, int *error, unsigned int nr,
+			  struct dd_data_reads *rd)
+{
+	unsigned int i, j, len, nr_bio = 0;
+	struct blk_plug plug;
+	struct bio *bio;
+
+	if (WARN_ON_ONCE(nr > DD_DATA_READS)) {
+		for (i = DD_DATA_READS; i < nr; i++)
+			error[i] = -EIO;
+		nr = DD_DATA_READS;
+	}
+	atomic_set(&rd->pending, 1);
+	init_completion(&rd->done);
+	blk_start_plug(&plug);
+	for (i = 0; i < nr; i += len) {
+		for (len = 1; i + len < nr && pba[i + len] == pba[i] + len; len++)
+			;
+		rd->run[nr_bio] = (struct dd_data_run){
+			.reads = rd, .error = &error[i], .len = len,
+		};
+		bio = bio_alloc(bdev, len, REQ_OP_READ, GFP_NOIO);
+		bio->bi_iter.bi_sector = pba[i] * DD_SECTORS_PER_BLOCK;
+		for (j = 0; j < len; j++)
+			__bio_add_page(bio, page[i + j], DD_BLOCK_SIZE, 0);
+		bio->bi_end_io = dd_data_read_endio;
+		bio->bi_private = &rd->run[nr_bio++];
+		atomic_inc(&rd->pending);
+		submit_bio(bio);
+	}
+	blk_finish_plug(&plug);
+	if (!atomic_dec_and_test(&rd->pending)) {
+		/* As submit_bio_wait(): a stalled disk is not a hung task. */
+		while (!wait_for_completion_io_timeout(&rd->done, 10 * HZ))
+			;
+	}
+	return nr_bio;
 }

@@ -20,12 +20,14 @@
 #ifndef DM_DEDUP_DATA_H
 #define DM_DEDUP_DATA_H
 
+#include <linux/completion.h>
 #include <linux/mempool.h>
 #include <linux/mutex.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
 
 struct bio;
+struct block_device;
 struct page;
 
 struct dd_data_pool {
@@ -49,5 +51,23 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page);
 
 bool dd_data_is_zero(struct page *page);
 bool dd_data_equal(struct page *a, struct page *b);
+
+/* Blocks dd_data_read() reads in one call, at most. */
+#define DD_DATA_READS	64
+
+/* What dd_data_read() keeps while its reads are in flight. */
+struct dd_data_reads {
+	atomic_t pending;
+	struct completion done;
+	struct dd_data_run {
+		struct dd_data_reads *reads;
+		int *error;	/* the run's blocks' */
+		unsigned int len;
+	} run[DD_DATA_READS];
+};
+
+unsigned int dd_data_read(struct block_device *bdev, const u64 *pba,
+			  struct page **page, int *error, unsigned int nr,
+			  struct dd_data_reads *rd);
 
 #endif

@@ -328,6 +328,7 @@ static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba
 	page = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!page)
 		return -ENOMEM;
+	atomic64_inc(&dc->verify_reads);
 	r = dd_read_data_block(dc, pba, page);
 	if (!r)
 		r = dd_data_equal(page, b->data);
@@ -570,7 +571,8 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
 	for (j = 0; j < nr; j++) {
 		r = d[j].r;
 		atomic64_inc(&dc->index_candidates);
-		if (r == -ENOENT)
+		/* With d.only: the block compared died, not a false leaf. */
+		if (r == -ENOENT && !d[j].only)
 			atomic64_inc(&dc->index_false_candidates);
 		if (r == -ENOENT || r == -EOVERFLOW)
 			continue;	/* the block's own steps look further */
@@ -595,51 +597,69 @@ struct dd_verified {
 	struct page *page[DD_BIO_BLOCKS];
 	int error[DD_BIO_BLOCKS];
 	u8 read[DD_BIO_BLOCKS];
+	struct dd_data_reads reads;
 };
 
 /*
  * Under verify, before dd_share_known() shares the known blocks of a
  * write: each compared with the first live holder of its content in its
- * first candidate leaf, all read at once without the transaction lock (a
- * sequential copy finds its candidates side by side: one read per run).
- * NULL when none could be compared: short of memory, or a commit ran
- * during the reads and may have let a freed block be reused (as in
- * dd_share). A block left without an equal holder goes its own steps
- * (dd_try_dedup), which read one candidate at a time and count what
- * differs.
+ * first candidate leaf, all read at once without the transaction lock, in
+ * disk order (a sequential copy finds its candidates side by side: one
+ * read per run).
+ * NULL when none could be compared: no known block, short of memory, or
+ * a commit ran during the reads and may have let a freed block be reused
+ * (as in dd_share). A block left without an equal holder goes its own
+ * steps (dd_try_dedup), which read its candidates again one at a time
+ * and count what differs.
  */
 static noinline_for_stack struct dd_verified *
 dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		unsigned int nr)
 {
+	/* by block: its candidate leaf, then the holder to read, or U64_MAX */
+	u64 at[DD_BIO_BLOCKS], holder[DD_MD_HOLDERS_MAX];
+	bool known[DD_BIO_BLOCKS], any = false;
+	u8 order[DD_BIO_BLOCKS];
 	struct dd_verified *v;
-	unsigned int i, k, n = 0;
-	u64 leaf[DD_BIO_BLOCKS];
-	bool known[DD_BIO_BLOCKS];
+	unsigned int i, j, k, m = 0, n = 0;
 
+	BUILD_BUG_ON(DD_BIO_BLOCKS > DD_DATA_READS || DD_BIO_BLOCKS >= U8_MAX);
 	lockdep_assert_held_read(&dc->lock);
+	nr = min_t(unsigned int, nr, DD_BIO_BLOCKS);
+	spin_lock(&dc->index_lock);
+	for (i = 0; i < nr; i++) {
+		known[i] = !(blk[i].flags & DD_BLOCK_ZERO) &&
+			   dd_index_candidates(dc, blk[i].fp, NULL, 0, &at[i], 1);
+		any |= known[i];
+	}
+	spin_unlock(&dc->index_lock);
+	if (!any)
+		return NULL;	/* unique data reads nothing */
 	v = kmalloc(sizeof(*v), GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!v)
 		return NULL;
-	nr = min_t(unsigned int, nr, DD_BIO_BLOCKS);
-	spin_lock(&dc->index_lock);
-	for (i = 0; i < nr; i++)
-		known[i] = !(blk[i].flags & DD_BLOCK_ZERO) &&
-			   dd_index_candidates(dc, blk[i].fp, NULL, 0,
-					       &leaf[i], 1);
-	spin_unlock(&dc->index_lock);
 	for (i = 0; i < nr; i++) {
 		v->same[i] = 0;
 		v->read[i] = U8_MAX;
+		/* Dead records come first too: look past them. */
 		if (!known[i] ||
-		    dd_md_find_holders(dc->md, leaf[i], blk[i].fp, &v->pba[n],
-				       1) <= 0)
+		    dd_md_find_holders(dc->md, at[i], blk[i].fp, holder,
+				       ARRAY_SIZE(holder)) <= 0)
 			continue;
-		/* A run of equal blocks: one read for the run. */
-		if (n && v->pba[n] == v->pba[n - 1]) {
+		at[i] = holder[0];
+		/* In the order of the holders, so that neighbours share a read. */
+		for (j = m++; j && at[order[j - 1]] > at[i]; j--)
+			order[j] = order[j - 1];
+		order[j] = i;
+	}
+	for (k = 0; k < m; k++) {
+		i = order[k];
+		/* Equal blocks: one read for all. */
+		if (n && at[i] == v->pba[n - 1]) {
 			v->read[i] = n - 1;
 			continue;
 		}
+		v->pba[n] = at[i];
 		/* Short of memory, the block's own steps store a copy. */
 		v->page[n] = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 		if (v->page[n])
@@ -649,7 +669,8 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		goto none;
 	v->seq = dc->commit_seq;
 	up_read(&dc->lock);
-	dd_read_data_blocks(dc, v->pba, v->page, v->error, n);
+	atomic64_add(dd_data_read(dc->data_dev->bdev, v->pba, v->page,
+				  v->error, n, &v->reads), &dc->verify_reads);
 	for (i = 0; i < nr; i++) {
 		k = v->read[i];
 		if (k != U8_MAX && !v->error[k] &&
@@ -741,7 +762,8 @@ out:
 
 /*
  * Decide the @nr hashed blocks @blk[], the blocks of one write or one
- * block decided again, in one hold of the transaction lock. What became
+ * block decided again, holding the transaction lock shared (let go
+ * between steps for a commit, and for verify's reads). What became
  * of each is in @decision[]: a parked block belongs to whoever requeues
  * it from then on, so the caller must not look at it again.
  */

@@ -189,6 +189,7 @@ struct dedup_c {
 	/* leaders that left the in-flight table, per fingerprint bucket */
 	u32 inflight_ends[1 << DD_INFLIGHT_BITS];
 	atomic64_t verify_mismatches;
+	atomic64_t verify_reads;	/* data reads verify made */
 	atomic64_t index_full;
 	/* leaves the index offered, and those that held no live holder */
 	atomic64_t index_candidates;
@@ -347,10 +348,6 @@ int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
 void dd_io_drain(struct dedup_c *dc);
 int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page);
-/* Blocks dd_read_data_blocks() reads in one call, at most. */
-#define DD_DATA_READS	DD_BIO_BLOCKS
-void dd_read_data_blocks(struct dedup_c *dc, const u64 *pba,
-			 struct page **page, int *error, unsigned int nr);
 
 /* dedup-decide.c */
 void dd_decide_init(struct dedup_c *dc);

@@ -189,6 +189,7 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("activation_ms %llu\n", dc->activation_ms);
 	DMEMIT("verify_mismatches %lld\n",
 	       atomic64_read(&dc->verify_mismatches));
+	DMEMIT("verify_reads %lld\n", atomic64_read(&dc->verify_reads));
 	DMEMIT("nospc_errors %lld\n", atomic64_read(&dc->nospc_errors));
 	DMEMIT("data_write_errors %lld\n",
 	       atomic64_read(&dc->data_write_errors));

@@ -446,33 +446,48 @@ def test_verify_tries_every_candidate(make_dedup, seed):
 
 
 def test_verify_batch_compares_every_block(make_dedup, seed):
-    """One 128 KiB write copies 32 stored blocks, two of them swapped for
-    blocks with the same CRC-32C but other bytes. The write's candidates
-    are read and compared together (dd_verify_write): the 30 copies are
-    shared, the two impostors are stored, and every block reads back."""
-    d = make_dedup(opts=["hash", "crc32c", "verify"])
+    """The candidates of a write are read and compared together
+    (dd_verify_write), in disk order, one read per run of consecutive
+    blocks. One 128 KiB write copies 32 stored blocks, two of them swapped
+    for blocks with the same CRC-32C but other bytes: the 30 copies are
+    shared after one read, the two impostors are stored after a read each
+    on the one-block way. A copy in reverse order is read in one piece
+    too; blocks 7 3 9 3 8 in two reads (3, then 7 to 9); 16 copies of one
+    block in one. Every block reads back."""
+    d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
     n = 32
     orig = [ddlib.block_data(seed, 100 + i) for i in range(n)]
     copy = list(orig)
     copy[5] = crc32c_collision(orig[5], b"\x07")
     copy[20] = crc32c_collision(orig[20], b"\x08\x09")
+    writes = [  # lba, blocks, (unique, duplicate, mismatches, reads) it adds
+        (0, orig, (n, 0, 0, 0)),
+        (64, copy, (2, n - 2, 2, 3)),
+        (128, orig[::-1], (0, n, 0, 1)),
+        (192, [orig[i] for i in (7, 3, 9, 3, 8)], (0, 5, 0, 2)),
+        (256, [orig[3]] * 16, (0, 16, 0, 1)),
+    ]
     buf = mmap.mmap(-1, n * ddlib.BLOCK)
+
+    def counts():
+        st, stats = d.status(), d.stats()
+        return (st["unique_writes"], st["duplicate_writes"],
+                int(stats["verify_mismatches"]), int(stats["verify_reads"]))
+
     try:
         with ddlib.BlockDev(d.path) as bd:
-            for lba, blocks in ((0, orig), (64, copy)):
-                buf[:] = b"".join(blocks)
-                assert os.pwrite(bd.fd, buf, lba * ddlib.BLOCK) == n * ddlib.BLOCK
+            for lba, blocks, want in writes:
+                before = counts()
+                size = len(blocks) * ddlib.BLOCK
+                buf[:size] = b"".join(blocks)
+                assert os.pwrite(bd.fd, memoryview(buf)[:size], lba * ddlib.BLOCK) == size
                 bd.fsync()
-                if lba == 0:
-                    st0 = d.status()
-                    mm0 = int(d.stats()["verify_mismatches"])
-            st = d.status()
-            assert st["unique_writes"] - st0["unique_writes"] == 2, st["raw"]
-            assert st["duplicate_writes"] - st0["duplicate_writes"] == n - 2, st["raw"]
-            assert int(d.stats()["verify_mismatches"]) - mm0 == 2
-            got = bd.read_range(0, n) + bd.read_range(64, n)
-            assert [i for i in range(n) if got[i] != orig[i]] == []
-            assert [i for i in range(n) if got[n + i] != copy[i]] == []
+                got = tuple(a - b for a, b in zip(counts(), before))
+                assert got == want, "write at %d: (unique, dup, mismatches, reads) %s" % (
+                    lba, got)
+            for lba, blocks, _ in writes:
+                got = bd.read_range(lba, len(blocks))
+                assert [i for i, b in enumerate(blocks) if got[i] != b] == [], "at %d" % lba
     finally:
         buf.close()
     d.remove()
