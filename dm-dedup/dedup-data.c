@@ -166,11 +166,26 @@ bool dd_data_equal(struct page *a, struct page *b)
 	return same;
 }
 
+/* One block read into @page and waited for. */
+int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page)
+{
+	struct bio_vec vec;
+	struct bio bio;
+	int r;
+
+	bio_init(&bio, bdev, &vec, 1, REQ_OP_READ);
+	bio.bi_iter.bi_sector = pba * DD_SECTORS_PER_BLOCK;
+	__bio_add_page(&bio, page, DD_BLOCK_SIZE, 0);
+	r = submit_bio_wait(&bio);
+	bio_uninit(&bio);
+	return r ? -EIO : 0;
+}
+
 static void dd_data_read_endio(struct bio *bio)
 {
 	struct dd_data_run *run = bio->bi_private;
 	struct dd_data_reads *rd = run->reads;
-	int r = blk_status_to_errno(bio->bi_status) ? -EIO : 0;
+	int r = bio->bi_status ? -EIO : 0;
 	unsigned int i;
 
 	for (i = 0; i < run->len; i++)
@@ -186,11 +201,13 @@ static void dd_data_read_endio(struct bio *bio)
  * one bio per run of consecutive blocks: the candidates that verify
  * compares for the blocks of a write, which a sequential copy finds side
  * by side. @error[i] is what block i's read returned; @rd is the caller's
- * room for the reads in flight. Returns the number of bios.
+ * room for the reads in flight. The bios come from @bs, the target's own
+ * pool: the writes it serves may hold the pool of the file system above.
+ * Returns the number of bios.
  */
-unsigned int dd_data_read(struct block_device *bdev, const u64 *pba,
-			  struct page **page, int *error, unsigned int nr,
-			  struct dd_data_reads *rd)
+unsigned int dd_data_read(struct block_device *bdev, struct bio_set *bs,
+			  const u64 *pba, struct page **page, int *error,
+			  unsigned int nr, struct dd_data_reads *rd)
 {
 	unsigned int i, j, len, nr_bio = 0;
 	struct blk_plug plug;
@@ -210,7 +227,7 @@ unsigned int dd_data_read(struct block_device *bdev, const u64 *pba,
 		rd->run[nr_bio] = (struct dd_data_run){
 			.reads = rd, .error = &error[i], .len = len,
 		};
-		bio = bio_alloc(bdev, len, REQ_OP_READ, GFP_NOIO);
+		bio = bio_alloc_bioset(bdev, len, REQ_OP_READ, GFP_NOIO, bs);
 		bio->bi_iter.bi_sector = pba[i] * DD_SECTORS_PER_BLOCK;
 		for (j = 0; j < len; j++)
 			__bio_add_page(bio, page[i + j], DD_BLOCK_SIZE, 0);

@@ -16,6 +16,9 @@
  * per device): a fresh page from the allocator is zeroed first when the
  * kernel runs with init_on_alloc (Debian's default), only for the copy
  * to overwrite it.
+ *
+ * Stored data blocks are read back here too, outside the bio flow: the
+ * candidates that verify compares, and the journal's newest append.
  */
 #ifndef DM_DEDUP_DATA_H
 #define DM_DEDUP_DATA_H
@@ -27,6 +30,7 @@
 #include <linux/types.h>
 
 struct bio;
+struct bio_set;
 struct block_device;
 struct page;
 
@@ -52,22 +56,27 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page);
 bool dd_data_is_zero(struct page *page);
 bool dd_data_equal(struct page *a, struct page *b);
 
+int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page);
+
 /* Blocks dd_data_read() reads in one call, at most. */
 #define DD_DATA_READS	64
+
+/* One bio of dd_data_read(): a run of consecutive blocks. */
+struct dd_data_run {
+	struct dd_data_reads *reads;
+	int *error;		/* where the run's blocks' results go */
+	unsigned int len;
+};
 
 /* What dd_data_read() keeps while its reads are in flight. */
 struct dd_data_reads {
 	atomic_t pending;
 	struct completion done;
-	struct dd_data_run {
-		struct dd_data_reads *reads;
-		int *error;	/* the run's blocks' */
-		unsigned int len;
-	} run[DD_DATA_READS];
+	struct dd_data_run run[DD_DATA_READS];
 };
 
-unsigned int dd_data_read(struct block_device *bdev, const u64 *pba,
-			  struct page **page, int *error, unsigned int nr,
-			  struct dd_data_reads *rd);
+unsigned int dd_data_read(struct block_device *bdev, struct bio_set *bs,
+			  const u64 *pba, struct page **page, int *error,
+			  unsigned int nr, struct dd_data_reads *rd);
 
 #endif

@@ -329,7 +329,7 @@ static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba
 	if (!page)
 		return -ENOMEM;
 	atomic64_inc(&dc->verify_reads);
-	r = dd_read_data_block(dc, pba, page);
+	r = dd_data_read_block(dc->data_dev->bdev, pba, page);
 	if (!r)
 		r = dd_data_equal(page, b->data);
 	__free_page(page);
@@ -616,7 +616,7 @@ static noinline_for_stack struct dd_verified *
 dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		unsigned int nr)
 {
-	/* by block: its candidate leaf, then the holder to read, or U64_MAX */
+	/* by block: its candidate leaf; for those in order[], the holder */
 	u64 at[DD_BIO_BLOCKS], holder[DD_MD_HOLDERS_MAX];
 	bool known[DD_BIO_BLOCKS], any = false;
 	u8 order[DD_BIO_BLOCKS];
@@ -669,7 +669,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		goto none;
 	v->seq = dc->commit_seq;
 	up_read(&dc->lock);
-	atomic64_add(dd_data_read(dc->data_dev->bdev, v->pba, v->page,
+	atomic64_add(dd_data_read(dc->data_dev->bdev, &dc->bs, v->pba, v->page,
 				  v->error, n, &v->reads), &dc->verify_reads);
 	for (i = 0; i < nr; i++) {
 		k = v->read[i];

@@ -58,24 +58,6 @@ static void dd_complete_change(struct dedup_c *dc, struct bio *bio, int r,
 /* reads */
 
 /*
- * One data block read into @page and waited for, outside the bio flow:
- * verification of a duplicate, and of the journal's newest append.
- */
-int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page)
-{
-	struct bio_vec vec;
-	struct bio bio;
-	int r;
-
-	bio_init(&bio, dc->data_dev->bdev, &vec, 1, REQ_OP_READ);
-	bio.bi_iter.bi_sector = pba * DD_SECTORS_PER_BLOCK;
-	__bio_add_page(&bio, page, DD_BLOCK_SIZE, 0);
-	r = submit_bio_wait(&bio);
-	bio_uninit(&bio);
-	return dd_device_error(r);
-}
-
-/*
  * A run of blocks looked up (dd_md_lookup_run returned @r): unmapped ones
  * read as zeros, mapped ones go to the data device in one piece.
  */

@@ -347,7 +347,6 @@ void dd_io_init(struct dedup_c *dc);
 int dd_io_map(struct dedup_c *dc, struct bio *bio);
 void dd_io_end(struct dedup_c *dc, struct bio *bio);
 void dd_io_drain(struct dedup_c *dc);
-int dd_read_data_block(struct dedup_c *dc, u64 pba, struct page *page);
 
 /* dedup-decide.c */
 void dd_decide_init(struct dedup_c *dc);
