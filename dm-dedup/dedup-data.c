@@ -9,6 +9,7 @@
 #include <linux/kmsan.h>
 #include <linux/string.h>
 
+#include "dedup-block.h"
 #include "dedup-data.h"
 #include "dedup-format.h"
 
@@ -178,14 +179,14 @@ int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page)
 	__bio_add_page(&bio, page, DD_BLOCK_SIZE, 0);
 	r = submit_bio_wait(&bio);
 	bio_uninit(&bio);
-	return r ? -EIO : 0;
+	return dd_device_error(r);
 }
 
 static void dd_data_read_endio(struct bio *bio)
 {
 	struct dd_data_run *run = bio->bi_private;
 	struct dd_data_reads *rd = run->reads;
-	int r = bio->bi_status ? -EIO : 0;
+	int r = dd_device_error(blk_status_to_errno(bio->bi_status));
 	unsigned int i;
 
 	for (i = 0; i < run->len; i++)

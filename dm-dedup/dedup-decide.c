@@ -725,22 +725,24 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 		for (; i < nr && n < DD_MAP_BATCH; i++) {
 			if (blk[i].flags & DD_BLOCK_ZERO)
 				continue;
-			if (!dd_index_candidates(dc, blk[i].fp, NULL, 0, &cand, 1)) {
+			/*
+			 * Under verify, a block is shared only with the holder
+			 * whose bytes it was compared with since the last
+			 * commit (one may have let the holder be reused); the
+			 * share checks that the holder still lives.
+			 */
+			d[n].only = 0;
+			if (v && i < DD_BIO_BLOCKS && dc->commit_seq == v->seq)
+				d[n].only = v->same[i];
+			if (d[n].only) {
+				cand = dd_index_leaf_of(d[n].only - 1);
+			} else if (!dd_index_candidates(dc, blk[i].fp, NULL, 0,
+							&cand, 1)) {
 				/* New content: one lookup decides it. */
 				decision[i] = dd_lead_or_park(dc, &blk[i]);
 				continue;
-			}
-			d[n].only = 0;
-			if (dc->verify) {
-				/*
-				 * Only bytes compared since the last commit:
-				 * one may have let the holder be reused.
-				 */
-				if (!v || i >= DD_BIO_BLOCKS || !v->same[i] ||
-				    dc->commit_seq != v->seq)
-					continue;
-				d[n].only = v->same[i];
-				cand = dd_index_leaf_of(d[n].only - 1);
+			} else if (dc->verify) {
+				continue;	/* not compared: its own steps */
 			}
 			d[n].lba = blk[i].lba;
 			d[n].leaf = cand;

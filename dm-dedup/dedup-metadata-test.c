@@ -183,7 +183,7 @@ static int dd_test_share_known(struct kunit *test, struct dd_metadata *md,
 {
 	u8 fp[DD_FP_SIZE] = {};
 	struct dd_md_dup d = {
-		.lba = lba, .leaf = pba / (DD_PAYLOAD_SIZE / DD_FP_SIZE),
+		.lba = lba, .leaf = pba / DD_FP_PER_LEAF,
 		.fp = fp, .pba = U64_MAX,
 	};
 	struct dd_md_freed f;
@@ -2112,8 +2112,8 @@ static void dd_md_test_share_only(struct kunit *test)
 	p0 = dd_test_write(test, md, 0, 7);
 	p1 = dd_test_write(test, md, 1, 7);
 	p2 = dd_test_write(test, md, 2, 8);
-	leaf = p1 / (DD_PAYLOAD_SIZE / DD_FP_SIZE);
-	KUNIT_ASSERT_EQ(test, p0 / (DD_PAYLOAD_SIZE / DD_FP_SIZE), leaf);
+	leaf = p1 / DD_FP_PER_LEAF;
+	KUNIT_ASSERT_EQ(test, p0 / DD_FP_PER_LEAF, leaf);
 	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
 	dd_test_fp(fp, 7);
 	in_place = dd_test_stats(md).in_place_changes;
