@@ -644,13 +644,18 @@ static int dd_commit_metadata(struct dedup_c *dc, int flush_error)
 		return -EIO;
 	/*
 	 * Blocks freed in the last transaction become reusable at this
-	 * commit; a read that looked one up before it was freed must not see
-	 * new content. New lookups are excluded by the lock; a verify read
-	 * made without it finds commit_seq moved (dd_share, dd_verify_write).
+	 * commit (data frees always cool, dedup-space.h: no other commit
+	 * lets a freed block be reused, and held frees are released only
+	 * after it); a read that looked one up before it was freed must not
+	 * see new content. New lookups are excluded by the lock; a verify
+	 * read made without it finds reuse_seq moved (dd_share,
+	 * dd_verify_write). Commits that reuse nothing leave it alone, so
+	 * that reads made across them still count.
 	 */
-	dc->commit_seq++;
-	if (dd_md_data_reusable_at_commit(dc->md))
+	if (dd_md_data_reusable_at_commit(dc->md)) {
+		dc->reuse_seq++;
 		wait_event(dc->reads_wait, !atomic_read(&dc->reads_inflight));
+	}
 	r = dd_md_commit(dc->md, NULL, NULL);
 	if (r)
 		dd_metadata_error(dc, "metadata commit", r);
@@ -1046,7 +1051,7 @@ void dd_commit_init(struct dedup_c *dc)
 	mutex_init(&dc->commit_mutex);
 	dc->flush_seq = 0;
 	dc->committed_seq = 0;
-	dc->commit_seq = 0;
+	dc->reuse_seq = 0;
 	dc->data_flushes_skipped = 0;
 	dc->commit_hold_ns = 0;
 	dc->commit_hold_max_ns = 0;

@@ -269,19 +269,48 @@ static void dd_inflight_add(struct dedup_c *dc, struct dd_write_block *b)
 	hash_add(dc->inflight, &b->inflight_node, dd_inflight_key(b->fp));
 }
 
-/* Writers of the same content decide again, now against the index. */
-static void dd_inflight_del(struct dedup_c *dc, struct dd_write_block *b)
+/* From now on no writer parks behind @b: its waiters are its own. */
+static void dd_inflight_leave(struct dedup_c *dc, struct dd_write_block *b)
 {
-	struct dd_write_block *waiter, *tmp;
-
 	lockdep_assert_held(&dc->index_lock);
 	hash_del(&b->inflight_node);
 	(*dd_inflight_ends(dc, b->fp))++;
+}
+
+/*
+ * Writers of the same content as @b, which left the table, decide again,
+ * now against the index. When @b's data was stored and mapped (@stored),
+ * verify compares each with @b's data here, both pages in memory: a
+ * copy of a block whose own write was still in flight then shares it
+ * without a read. (fio repeats buffers that are still in flight; read
+ * one block at a time, they cost a sequential copy most of its speed.)
+ */
+static void dd_inflight_wake(struct dedup_c *dc, struct dd_write_block *b,
+			     bool stored)
+{
+	struct dd_write_block *waiter, *tmp;
+
 	/* Their work is the block's own (dedup-io.c): it decides again. */
 	list_for_each_entry_safe(waiter, tmp, &b->waiters, wait_entry) {
 		list_del_init(&waiter->wait_entry);
+		if (stored && dc->verify && dd_data_equal(waiter->data, b->data)) {
+			/* What reuse_seq is worth: the lock holds it still. */
+			lockdep_assert_held_read(&dc->lock);
+			waiter->twin = b->pba + 1;
+			waiter->twin_seq = dc->reuse_seq;
+		}
 		queue_work(dc->wq, &waiter->work);
 	}
+}
+
+/* PBA + 1 of a block equal to @b's data in memory, if still good; or 0. */
+static u64 dd_twin(struct dedup_c *dc, struct dd_write_block *b)
+{
+	u64 twin = b->twin;
+
+	lockdep_assert_held_read(&dc->lock);
+	b->twin = 0;
+	return twin && b->twin_seq == dc->reuse_seq ? twin : 0;
 }
 
 /*
@@ -311,8 +340,9 @@ static enum dd_decision dd_lead_or_park(struct dedup_c *dc,
 static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 {
 	spin_lock(&dc->index_lock);
-	dd_inflight_del(dc, b);
+	dd_inflight_leave(dc, b);
 	spin_unlock(&dc->index_lock);
+	dd_inflight_wake(dc, b, false);
 }
 
 /* ------------------------------------------------------------------ */
@@ -358,15 +388,16 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 		/*
 		 * Only a block live with our fingerprint is worth reading. A
 		 * live block's content never changes, and a freed one is reused
-		 * only after a commit. The read is made without the lock, so
-		 * that it never holds up a commit and the writers queued behind
-		 * it; if no commit ran meanwhile, what was read is what the
-		 * block holds, as long as the share below finds it still live.
+		 * only after a commit that reuses. The read is made without
+		 * the lock, so that it never holds up a commit and the writers
+		 * queued behind it; if no such commit ran meanwhile, what was
+		 * read is what the block holds, as long as the share below
+		 * finds it still live.
 		 * (Without verify the share checks alone, in one trip through
 		 * the metadata lock: mixing shared and exclusive trips makes
 		 * writers queue behind each other.)
 		 */
-		u64 seq = dc->commit_seq;
+		u64 seq = dc->reuse_seq;
 
 		r = dd_md_holds(dc->md, pba, b->fp);
 		if (r <= 0)
@@ -374,7 +405,7 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 		up_read(&dc->lock);
 		r = dd_same_content(dc, b, pba);
 		down_read(&dc->lock);
-		if (dc->commit_seq != seq) {
+		if (dc->reuse_seq != seq) {
 			/*
 			 * The block may have been reused: read it again, but
 			 * not for ever while commits keep coming (a flush
@@ -590,7 +621,7 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
 
 /* What verify compared for the blocks of one write (dd_verify_write). */
 struct dd_verified {
-	u64 seq;		/* dc->commit_seq when the reads were made */
+	u64 seq;		/* dc->reuse_seq when the reads were made */
 	u64 same[DD_BIO_BLOCKS];	/* by block: PBA + 1 of equal bytes, or 0 */
 	/* the reads, compacted, and the read each block compares with */
 	u64 pba[DD_BIO_BLOCKS];
@@ -605,10 +636,11 @@ struct dd_verified {
  * write: each compared with the first live holder of its content in its
  * first candidate leaf, all read at once without the transaction lock, in
  * disk order (a sequential copy finds its candidates side by side: one
- * read per run).
+ * read per run). A block its leader woke and found equal needs no read
+ * (dd_inflight_wake).
  * NULL when none could be compared: no known block, short of memory, or
- * a commit ran during the reads and may have let a freed block be reused
- * (as in dd_share). A block left without an equal holder goes its own
+ * a commit during the reads let freed blocks be reused (dc->reuse_seq,
+ * as in dd_share). A block left without an equal holder goes its own
  * steps (dd_try_dedup), which read its candidates again one at a time
  * and count what differs.
  */
@@ -618,7 +650,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 {
 	/* by block: its candidate leaf; for those in order[], the holder */
 	u64 at[DD_BIO_BLOCKS], holder[DD_MD_HOLDERS_MAX];
-	bool known[DD_BIO_BLOCKS], any = false;
+	bool known[DD_BIO_BLOCKS], any = false, twins = false;
 	u8 order[DD_BIO_BLOCKS];
 	struct dd_verified *v;
 	unsigned int i, j, k, m = 0, n = 0;
@@ -630,7 +662,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 	for (i = 0; i < nr; i++) {
 		known[i] = !(blk[i].flags & DD_BLOCK_ZERO) &&
 			   dd_index_candidates(dc, blk[i].fp, NULL, 0, &at[i], 1);
-		any |= known[i];
+		any |= known[i] || blk[i].twin;
 	}
 	spin_unlock(&dc->index_lock);
 	if (!any)
@@ -639,8 +671,12 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 	if (!v)
 		return NULL;
 	for (i = 0; i < nr; i++) {
-		v->same[i] = 0;
+		/* Compared in memory when its leader woke it: no read. */
+		v->same[i] = dd_twin(dc, &blk[i]);
 		v->read[i] = U8_MAX;
+		twins |= v->same[i];
+		if (v->same[i])
+			continue;
 		/* Dead records come first too: look past them. */
 		if (!known[i] ||
 		    dd_md_find_holders(dc->md, at[i], blk[i].fp, holder,
@@ -665,9 +701,11 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		if (v->page[n])
 			v->read[i] = n++;
 	}
+	v->seq = dc->reuse_seq;
+	if (!n && twins)
+		return v;
 	if (!n)
 		goto none;
-	v->seq = dc->commit_seq;
 	up_read(&dc->lock);
 	atomic64_add(dd_data_read(dc->data_dev->bdev, &dc->bs, v->pba, v->page,
 				  v->error, n, &v->reads), &dc->verify_reads);
@@ -680,7 +718,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 	for (k = 0; k < n; k++)
 		__free_page(v->page[k]);
 	down_read(&dc->lock);
-	if (dc->commit_seq == v->seq)
+	if (dc->reuse_seq == v->seq)
 		return v;
 none:
 	kfree(v);
@@ -732,7 +770,7 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 			 * share checks that the holder still lives.
 			 */
 			d[n].only = 0;
-			if (v && i < DD_BIO_BLOCKS && dc->commit_seq == v->seq)
+			if (v && i < DD_BIO_BLOCKS && dc->reuse_seq == v->seq)
 				d[n].only = v->same[i];
 			if (d[n].only) {
 				cand = dd_index_leaf_of(d[n].only - 1);
@@ -898,8 +936,11 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 	spin_lock(&dc->index_lock);
 	for (i = 0; i < kept; i++)
 		for (b = runs[i]; b; b = b->run_next)
-			dd_inflight_del(dc, b);
+			dd_inflight_leave(dc, b);
 	spin_unlock(&dc->index_lock);
+	for (i = 0; i < kept; i++)
+		for (b = runs[i]; b; b = b->run_next)
+			dd_inflight_wake(dc, b, !b->error);
 	append = dd_change_append(dc);
 	for (i = 0; i < nr_todo; i++)
 		dd_raise(&todo[i]->w->append, append);

@@ -813,6 +813,7 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 		b->data = pages[i];
 		b->flags = 0;
 		b->error = 0;
+		b->twin = 0;
 		INIT_LIST_HEAD(&b->wait_entry);
 	}
 	for (i = 0; i < nr; i += DD_HASH_CHUNK) {

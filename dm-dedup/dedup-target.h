@@ -128,7 +128,8 @@ struct dedup_c {
 	struct mutex commit_mutex;	/* a whole commit, and the six below */
 	u64 flush_seq;		/* data flushes a commit started */
 	u64 committed_seq;	/* ... and finished; under lock too */
-	u64 commit_seq;		/* tree commits, which reuse; under lock too */
+	/* commits that let freed data blocks be reused; under lock too */
+	u64 reuse_seq;
 	u64 data_flushes_skipped;	/* of flush_seq, those not sent */
 	/* how long commits held writers out, in total and at most at once */
 	u64 commit_hold_ns;
@@ -256,6 +257,12 @@ struct dd_write_block {
 	struct hlist_node inflight_node;	/* under dc->index_lock */
 	struct list_head waiters;	/* same content, waiting for us */
 	struct list_head wait_entry;	/* on a leader's waiters, or no-space */
+	/*
+	 * Under verify, PBA + 1 of the leader that woke us, found equal to
+	 * our data in memory; good while dc->reuse_seq is twin_seq.
+	 */
+	u64 twin;
+	u64 twin_seq;
 	struct dd_write_block *run_next;	/* next block in the same data bio */
 	/* a run's first block: on dc->to_write, then on dc->stored */
 	struct llist_node run_node;

@@ -453,19 +453,27 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     shared after one read, the two impostors are stored after a read each
     on the one-block way. A copy in reverse order is read in one piece
     too; blocks 7 3 9 3 8 in two reads (3, then 7 to 9); 16 copies of one
-    block in one. Every block reads back."""
+    block in one. Copies of a block that is new wait for its first copy's
+    write and are compared with it in memory (dd_inflight_wake): 16 copies
+    of a new block read nothing, and an impostor among 4 copies of
+    another is told apart and stored (a read in the batch and one on the
+    one-block way). Every block reads back."""
     d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
     n = 32
     orig = [ddlib.block_data(seed, 100 + i) for i in range(n)]
     copy = list(orig)
     copy[5] = crc32c_collision(orig[5], b"\x07")
     copy[20] = crc32c_collision(orig[20], b"\x08\x09")
+    y, z = ddlib.block_data(seed, 200), ddlib.block_data(seed, 201)
+    z_impostor = crc32c_collision(z, b"\x0a")
     writes = [  # lba, blocks, (unique, duplicate, mismatches, reads) it adds
         (0, orig, (n, 0, 0, 0)),
         (64, copy, (2, n - 2, 2, 3)),
         (128, orig[::-1], (0, n, 0, 1)),
         (192, [orig[i] for i in (7, 3, 9, 3, 8)], (0, 5, 0, 2)),
         (256, [orig[3]] * 16, (0, 16, 0, 1)),
+        (320, [y] * 16, (1, 15, 0, 0)),
+        (384, [z, z, z_impostor, z], (2, 2, 1, 2)),
     ]
     buf = mmap.mmap(-1, n * ddlib.BLOCK)
 
