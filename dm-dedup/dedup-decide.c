@@ -290,12 +290,12 @@ static void dd_inflight_wake(struct dedup_c *dc, struct dd_write_block *b,
 {
 	struct dd_write_block *waiter, *tmp;
 
+	/* What reuse_seq is worth: the lock holds it still. */
+	lockdep_assert_held_read(&dc->lock);
 	/* Their work is the block's own (dedup-io.c): it decides again. */
 	list_for_each_entry_safe(waiter, tmp, &b->waiters, wait_entry) {
 		list_del_init(&waiter->wait_entry);
 		if (stored && dc->verify && dd_data_equal(waiter->data, b->data)) {
-			/* What reuse_seq is worth: the lock holds it still. */
-			lockdep_assert_held_read(&dc->lock);
 			waiter->twin = b->pba + 1;
 			waiter->twin_seq = dc->reuse_seq;
 		}
@@ -766,8 +766,8 @@ dd_share_known(struct dedup_c *dc, struct dd_write_block *blk, unsigned int nr,
 			/*
 			 * Under verify, a block is shared only with the holder
 			 * whose bytes it was compared with since the last
-			 * commit (one may have let the holder be reused); the
-			 * share checks that the holder still lives.
+			 * commit that let freed blocks be reused (the holder
+			 * may be one); the share checks that it still lives.
 			 */
 			d[n].only = 0;
 			if (v && i < DD_BIO_BLOCKS && dc->reuse_seq == v->seq)
