@@ -23,9 +23,10 @@
 #
 # Environment: BENCH_REPS (3), BENCH_ROUNDS (2: the write series' runs are
 # split over two fresh devices per stack, the stacks taking turns; 1 with
-# BENCH_QUICK), BENCH_QUICK, BENCH_STACKS ("raw thin vdo dedup fast";
-# "fast" is the tree's module with "hash xxhash64 verify", in the write
-# series and the VM-pool copy only),
+# BENCH_QUICK), BENCH_QUICK, BENCH_STACKS ("raw thin vdo dedup fast
+# fastack"; "fast" is the tree's module with "hash xxhash64 verify",
+# "fastack" the same with early_ack, in the write series and the VM-pool
+# copy only),
 # BENCH_WORKLOADS ("seqwrite randwrite randread fsync fsync_sync discard
 # activation pool pool_sync"; the _sync ones repeat fsync and pool on the
 # cache=none disks), BENCH_CACHE (/var/cache/dm-dedup-bench; its file
@@ -103,7 +104,7 @@ fi
 # BENCH_BEFORE=<commit>: the module of that commit runs as one more stack,
 # "before", for before-and-after figures from one boot. Built in a
 # worktree under tests/out, where the guest can see it.
-STACKS=${BENCH_STACKS:-raw thin vdo dedup fast}
+STACKS=${BENCH_STACKS:-raw thin vdo dedup fast fastack}
 BEFORE_KO=
 if [ -n "${BENCH_BEFORE:-}" ]; then
     wt=$REPO/tests/out/bench-before
@@ -114,7 +115,7 @@ if [ -n "${BENCH_BEFORE:-}" ]; then
     git -C "$REPO" worktree add -f --detach "$wt" "$before" >/dev/null
     make -s -C "$wt" KDIR="/usr/src/linux-headers-$KVER" module >/dev/null
     BEFORE_KO=$wt/dm-dedup/dm-dedup.ko
-    [ -z "${BENCH_STACKS:-}" ] && STACKS="raw thin vdo before dedup fast"
+    [ -z "${BENCH_STACKS:-}" ] && STACKS="raw thin vdo before dedup fast fastack"
 fi
 [ -x "$REPO/tools/target/release/dedup" ] || die "no tools/target/release/dedup"
 

@@ -316,8 +316,16 @@ class DedupFast(Dedup):
     workloads = ("seqwrite", "randwrite", "pool")
 
 
+class DedupFastAck(DedupFast):
+    """The fast stack with early_ack as well: dm-vdo's whole way of working,
+    which also acknowledges every write that is not FUA once it has a
+    physical block (the same guarantee: durable at the next flush)."""
+    name = "fastack"
+    opts = ["hash", "xxhash64", "verify", "early_ack"]
+
+
 STACK_CLASSES = {"raw": Raw, "thin": Thin, "vdo": Vdo, "dedup": Dedup, "before": DedupBefore,
-                 "ack": DedupAck, "fast": DedupFast}
+                 "ack": DedupAck, "fast": DedupFast, "fastack": DedupFastAck}
 
 
 def discard_disks(data, meta):
