@@ -188,11 +188,15 @@ def _same_content_writer(path, seed, wid, barrier):
             bd.write(wid * ROUNDS + r, data)
 
 
-def test_concurrent_writers_of_new_content_store_it_once(make_dedup, seed):
+@pytest.mark.parametrize("opts", [(), ("hash", "crc32c", "verify")],
+                         ids=["sha256", "crc32c-verify"])
+def test_concurrent_writers_of_new_content_store_it_once(make_dedup, seed, opts):
     """Every round, all writers write the same content, new to the device,
     at the same moment (a barrier per round): exactly one of them may store
-    it, the others must wait for it (or find it) and share it."""
-    dd = make_dedup(16, 64, 64)
+    it, the others must wait for it (or find it) and share it. With verify,
+    those that waited are compared with its data in memory
+    (dd_inflight_wake), the others read it back."""
+    dd = make_dedup(16, 64, 64, opts=list(opts))
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(WRITERS)
     procs = [ctx.Process(target=_same_content_writer, args=(dd.path, seed, w, barrier))
@@ -212,6 +216,11 @@ def test_concurrent_writers_of_new_content_store_it_once(make_dedup, seed):
     assert (st["data_used"], st["mapped"], st["unique_writes"]) == \
         (ROUNDS, WRITERS * ROUNDS, ROUNDS), \
         "%d contents written %d times each at once: %s" % (ROUNDS, WRITERS, st["raw"])
+    if opts:
+        stats = dd.stats()
+        assert int(stats["verify_mismatches"]) == 0, stats
+        ddlib.report("same new content, %d writers x %d rounds: %s verify reads" % (
+            WRITERS, ROUNDS, stats["verify_reads"]))
 
 
 ORDER_ROUNDS = 600
