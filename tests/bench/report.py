@@ -111,13 +111,11 @@ def targets(res, groups):
 
     pool = {p["stack"]: p for p in res.get("pool", [])}
     # The early_ack and fast-hash stacks, when measured, get their own rows
-    # for the writes.
+    # for the writes, named by their label.
     variants = [("dedup", "dm-dedup")]
-    for s, name in (("fast", "dm-dedup xxhash64 verify"),
-                    ("fastack", "dm-dedup xxhash64 verify early_ack"),
-                    ("ack", "dm-dedup early_ack")):
+    for s in ("fast", "fastack", "ack"):
         if any(r["stack"] == s for r in res.get("runs", [])):
-            variants.append((s, name))
+            variants.append((s, STACK_LABEL[s].replace(",", "")))
     for s, name in variants:
         for dup, goal in (("0%", 1.2), ("50%", 1.5), ("90%", 1.2)):
             add("4 KiB random writes, %s duplicates: %s / dm-vdo IOPS" % (
