@@ -551,6 +551,7 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 {
 	u64 first = 0, len = 0, free_left;
 	struct dd_write_block *b;
+	bool promised;
 	unsigned int i;
 	int r = 0;
 
@@ -559,15 +560,18 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 		if (decision[i] != DD_STORE)
 			continue;
 		b = &blk[i];
+		/* The blocks of one write are all promised, or none. */
+		promised = b->flags & DD_BLOCK_PROMISED;
 		if (!len && !r) {
-			r = dd_md_alloc_data_run(dc->md, nr_store, &first, &len,
-						 &free_left);
+			r = dd_md_alloc_data_run(dc->md, nr_store, promised,
+						 &first, &len, &free_left);
 			if (!r)
 				dd_low_water_check(dc, free_left);
 		}
 		nr_store--;
 		if (!r) {
 			b->pba = first++;
+			b->flags &= ~DD_BLOCK_PROMISED;
 			len--;
 			continue;
 		}
@@ -801,6 +805,62 @@ out:
 }
 
 /*
+ * A write acknowledged before it is decided (early_ack) must not fail for
+ * want of space afterwards, whatever its decision: a data block is
+ * promised to each of its blocks that is not zero, before the
+ * acknowledgment. A block that stores its data takes its physical block
+ * against its promise (dd_give_blocks); one that shares, or fails, gives
+ * its promise back once decided; a parked one keeps it until then.
+ * False, and nothing promised, when the device has too few free blocks:
+ * the write is then acknowledged once decided, if at all.
+ */
+bool dd_decide_promise(struct dedup_c *dc, struct dd_write_block *blk,
+		       unsigned int nr)
+{
+	unsigned int i, n = 0;
+
+	if (READ_ONCE(dc->mode) != DD_MODE_RW)
+		return false;
+	for (i = 0; i < nr; i++)
+		n += !(blk[i].flags & DD_BLOCK_ZERO);
+	if (!dd_md_promise_data(dc->md, n))
+		return false;
+	for (i = 0; i < nr; i++)
+		if (!(blk[i].flags & DD_BLOCK_ZERO))
+			blk[i].flags |= DD_BLOCK_PROMISED;
+	return true;
+}
+
+/* The promises of blocks not decided yet given back: no early ack. */
+void dd_decide_unpromise(struct dedup_c *dc, struct dd_write_block *blk,
+			 unsigned int nr)
+{
+	unsigned int i, n = 0;
+
+	for (i = 0; i < nr; i++) {
+		n += !!(blk[i].flags & DD_BLOCK_PROMISED);
+		blk[i].flags &= ~DD_BLOCK_PROMISED;
+	}
+	dd_md_promise_drop(dc->md, n);
+}
+
+/* Blocks decided without a new physical block give their promise back. */
+static void dd_unpromise_done(struct dedup_c *dc, struct dd_write_block *blk,
+			      unsigned int nr, const u8 *decision)
+{
+	unsigned int i, n = 0;
+
+	for (i = 0; i < nr; i++) {
+		if (decision[i] != DD_DONE ||
+		    !(blk[i].flags & DD_BLOCK_PROMISED))
+			continue;
+		blk[i].flags &= ~DD_BLOCK_PROMISED;
+		n++;
+	}
+	dd_md_promise_drop(dc->md, n);
+}
+
+/*
  * Decide the @nr hashed blocks @blk[], the blocks of one write or one
  * block decided again, holding the transaction lock shared (let go
  * between steps for a commit, and for verify's reads). What became
@@ -831,6 +891,7 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 	if (nr_store)
 		dd_give_blocks(dc, blk, nr, decision, nr_store);
 	/* Not parked blocks': they are no longer ours to look at. */
+	dd_unpromise_done(dc, blk, nr, decision);
 	dd_raise(&w->append, dd_change_append(dc));
 	up_read(&dc->lock);
 }

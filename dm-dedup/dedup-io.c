@@ -529,49 +529,82 @@ static void dd_act(struct dedup_c *dc, struct dd_write_block *blk, unsigned int 
 #define DD_ACK_MAX_BLOCKS	1024
 
 /*
- * With early_ack, a write whose blocks are all decided (each shared, or
- * given a physical block for its data) is acknowledged before its data
- * is written and mapped, as a disk with a volatile write cache does.
- * What keeps that within the guarantees of dm-dedup.rst:
+ * With early_ack, a write is acknowledged before its data is written and
+ * mapped, as a disk with a volatile write cache does: before it is
+ * decided, once each of its blocks has a data block promised
+ * (dd_decide_promise), or else once each is decided (shared, or given a
+ * physical block for its data). What keeps that within the guarantees of
+ * dm-dedup.rst:
  * - it keeps its cell until it is done, so a later write or discard of
  *   its blocks still comes after it, and a read of them waits for it
  *   (dd_read_behind_write);
  * - a flush waits until every write acknowledged before it is done, and
  *   no write is acknowledged early while a flush waits, so flushes do not
  *   starve; the flush then appends (or commits) as always;
- * - a write that fails once acknowledged (its data write, or its
- *   mapping) fails the next flush; its blocks keep their old content;
- * - a FUA write is never acknowledged early, nor a write with a block
- *   that failed or waits (behind its twin, or for freed blocks);
+ * - a write that fails once acknowledged (its data write, its share or
+ *   its mapping) fails the next flush; its blocks keep their old content;
+ *   it never fails for want of space: without a promise, a write that
+ *   has no physical block for a block that needs one is not acknowledged;
+ * - a FUA write is never acknowledged early, nor, once decided, a write
+ *   with a block that failed or waits (behind its twin, or for freed
+ *   blocks);
  * - suspend and destruction wait for them all (dd_io_drain).
  */
-static void dd_ack_early(struct dedup_c *dc, struct dd_write *w,
-			 const u8 *decision)
+static bool dd_ack_window_take(struct dedup_c *dc, struct dd_write *w)
 {
-	struct bio *bio = w->bio;
-	unsigned int i;
 	bool ok;
 
-	if (!dc->early_ack || (bio->bi_opf & REQ_FUA))
-		return;
-	for (i = 0; i < w->nr; i++)
-		if (decision[i] == DD_PARKED ||
-		    (decision[i] == DD_DONE && w->blk[i].error))
-			return;
 	spin_lock(&dc->ack_lock);
 	ok = bio_list_empty(&dc->acked_flushes) &&
 	     dc->acked_blocks + w->nr <= DD_ACK_MAX_BLOCKS;
 	if (ok)
 		WRITE_ONCE(dc->acked_blocks, dc->acked_blocks + w->nr);
 	spin_unlock(&dc->ack_lock);
-	if (!ok)
-		return;
+	return ok;
+}
+
+static void dd_ack_now(struct dedup_c *dc, struct dd_write *w)
+{
+	struct bio *bio = w->bio;
+
 	w->css = bio_blkcg_css(bio);
 	if (w->css)
 		css_get(w->css);
 	w->bio = NULL;
 	atomic64_inc(&dc->early_acks);
 	bio_endio(bio);
+}
+
+/* Before the write is decided: every block that may store is promised. */
+static bool dd_ack_undecided(struct dedup_c *dc, struct dd_write *w)
+{
+	if (!dc->early_ack || (w->bio->bi_opf & REQ_FUA))
+		return false;
+	if (!dd_decide_promise(dc, w->blk, w->nr))
+		return false;
+	if (!dd_ack_window_take(dc, w)) {
+		dd_decide_unpromise(dc, w->blk, w->nr);
+		return false;
+	}
+	atomic64_inc(&dc->early_acks_undecided);
+	dd_ack_now(dc, w);
+	return true;
+}
+
+/* Once decided, without a promise. */
+static void dd_ack_decided(struct dedup_c *dc, struct dd_write *w,
+			   const u8 *decision)
+{
+	unsigned int i;
+
+	if (!dc->early_ack || (w->bio->bi_opf & REQ_FUA))
+		return;
+	for (i = 0; i < w->nr; i++)
+		if (decision[i] == DD_PARKED ||
+		    (decision[i] == DD_DONE && w->blk[i].error))
+			return;
+	if (dd_ack_window_take(dc, w))
+		dd_ack_now(dc, w);
 }
 
 /* Flushes that waited for acknowledged writes go on, or fail with @r. */
@@ -669,10 +702,12 @@ static void dd_decide_and_act(struct dedup_c *dc, struct dd_write_block *blk,
 	/* A parked block's work decides it again (dedup-decide.c). */
 	for (i = 0; i < nr; i++)
 		INIT_WORK(&blk[i].work, dd_retry_work);
+	if (whole && dd_ack_undecided(dc, w))
+		whole = false;
 	dd_decide_write(dc, blk, nr, decision);
 	/* Before the data bios go out, which may complete the write. */
 	if (whole)
-		dd_ack_early(dc, w, decision);
+		dd_ack_decided(dc, w, decision);
 	dd_act(dc, blk, nr, decision);
 	dd_write_put(w);
 }

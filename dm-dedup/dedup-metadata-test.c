@@ -1074,6 +1074,41 @@ static void dd_md_test_alloc_data(struct kunit *test)
 }
 
 /*
+ * Blocks promised to writes acknowledged before their decision: no other
+ * writer takes them, and one that finds only promised blocks free waits
+ * for them (-EAGAIN) instead of failing; a promised block is taken even
+ * when the count shows none free; the device reports them as free; a
+ * promise given back is free for anyone; full is full once none is out.
+ */
+static void dd_md_test_promise(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 16, 4);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 first = U64_MAX, len = 0, left = U64_MAX, pba = U64_MAX;
+
+	KUNIT_EXPECT_TRUE(test, dd_md_promise_data(md, 3));
+	KUNIT_EXPECT_FALSE(test, dd_md_promise_data(md, 2));
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 4);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 0);
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba, &left), 0);
+	KUNIT_EXPECT_EQ(test, left, 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -EAGAIN);
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 2, true, &first, &len,
+						   &left), 0);
+	KUNIT_EXPECT_EQ(test, len, 2);
+	KUNIT_EXPECT_NE(test, first, pba);
+	KUNIT_EXPECT_NE(test, first + 1, pba);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 3);
+	dd_md_promise_drop(md, 1);
+	KUNIT_EXPECT_EQ(test, dd_md_free_data_blocks(md), 1);
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data(md, &pba, &left), 0);
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data(md, &pba, &left), -ENOSPC);
+	KUNIT_EXPECT_FALSE(test, dd_md_promise_data(md, 1));
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 4);
+}
+
+/*
  * Runs: the allocator hands out consecutive blocks up to a used one; a
  * lookup run follows consecutive physical blocks, or unmapped blocks,
  * and stops at the first block that reads from elsewhere.
@@ -1086,7 +1121,7 @@ static void dd_md_test_runs(struct kunit *test)
 	u64 first = U64_MAX, len = 0, left = 0, pba = 0, nr = 0, i;
 	u8 fp[DD_FP_SIZE];
 
-	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 6, &first, &len, &left),
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 6, false, &first, &len, &left),
 			0);
 	KUNIT_EXPECT_EQ(test, first, 0);
 	KUNIT_EXPECT_EQ(test, len, 6);
@@ -1119,12 +1154,12 @@ static void dd_md_test_runs(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, nr, 48);
 
 	/* The next run starts after the last: 6-15, then nothing left. */
-	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 64, &first, &len, &left),
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, 64, false, &first, &len, &left),
 			0);
 	KUNIT_EXPECT_EQ(test, first, 6);
 	KUNIT_EXPECT_EQ(test, len, 10);
 	KUNIT_EXPECT_EQ(test, left, 0);
-	KUNIT_EXPECT_EQ(test, dd_md_alloc_data_run(md, 1, &first, &len, &left),
+	KUNIT_EXPECT_EQ(test, dd_md_alloc_data_run(md, 1, false, &first, &len, &left),
 			-ENOSPC);
 }
 
@@ -1145,13 +1180,13 @@ static void dd_md_test_reserve(struct kunit *test)
 	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_used, 1);
 	KUNIT_EXPECT_EQ(test, dd_test_alloc(test, md), 1);
 	/* A large run is not taken from the reservation but beside it. */
-	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, DD_RESERVE_RUN, &first,
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, DD_RESERVE_RUN, false, &first,
 						   &len, &left), 0);
 	KUNIT_EXPECT_EQ(test, first, DD_RESERVE_RUN);
 	KUNIT_EXPECT_EQ(test, len, DD_RESERVE_RUN);
 	KUNIT_EXPECT_EQ(test, left, DD_RESERVE_RUN - 2);
 	/* Nothing else is free: the next one drains the reservation. */
-	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, DD_RESERVE_RUN, &first,
+	KUNIT_ASSERT_EQ(test, dd_md_alloc_data_run(md, DD_RESERVE_RUN, false, &first,
 						   &len, &left), 0);
 	KUNIT_EXPECT_EQ(test, first, 2);
 	KUNIT_EXPECT_EQ(test, len, DD_RESERVE_RUN - 2);
@@ -2656,6 +2691,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_alloc_data),
 	KUNIT_CASE(dd_md_test_runs),
 	KUNIT_CASE(dd_md_test_reserve),
+	KUNIT_CASE(dd_md_test_promise),
 	KUNIT_CASE(dd_md_test_map_new_run),
 	KUNIT_CASE(dd_md_test_unmap_range),
 	KUNIT_CASE(dd_md_test_unmap_max_freed),

@@ -65,9 +65,12 @@ struct dd_metadata {
 	 * Free data blocks as the device reports them: those of data, and
 	 * those reserved. Changed under data_lock, but for blocks a writer
 	 * takes from a reservation, so that the count a writer gets back
-	 * is exact without that lock.
+	 * is exact without that lock. Blocks promised to writes acknowledged
+	 * before their decision (dd_md_promise_data) are not in it: they are
+	 * in data_promised until taken or given back.
 	 */
 	atomic64_t data_free;
+	atomic64_t data_promised;
 	struct dd_md_config cfg;
 	struct dd_superblock sb;	/* last committed, identity fields */
 
@@ -1054,6 +1057,7 @@ int dd_md_open(struct block_device *bdev, const struct dd_md_config *cfg,
 	}
 	/* Nothing is reserved before the first write. */
 	atomic64_set(&md->data_free, dd_space_free_blocks(&md->data));
+	atomic64_set(&md->data_promised, 0);
 	dd_counters(md, md->durable_counters);
 	/* Both point into the caller's open only. */
 	md->cfg.saved = NULL;
@@ -1289,7 +1293,7 @@ int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left)
 {
 	u64 len;
 
-	return dd_md_alloc_data_run(md, 1, pba, &len, free_left);
+	return dd_md_alloc_data_run(md, 1, false, pba, &len, free_left);
 }
 
 /*
@@ -1340,8 +1344,70 @@ static int dd_reserve_refill(struct dd_metadata *md, u64 want, u64 *first,
 	return 0;
 }
 
-int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
-			 u64 *len, u64 *free_left)
+/*
+ * No free block is left for a write that was promised none: the device is
+ * full, unless promised blocks or freed ones are still to come back.
+ */
+static int dd_data_short(struct dd_metadata *md)
+{
+	int r = -EAGAIN;
+
+	if (atomic64_read(&md->data_promised))
+		return r;
+	mutex_lock(&md->data_lock);
+	if (!dd_space_frees_to_come(&md->data))
+		r = -ENOSPC;
+	mutex_unlock(&md->data_lock);
+	return r;
+}
+
+/*
+ * Up to @want of the free blocks the count holds, taken from it before
+ * the allocator, so that they never include a promised block: the count
+ * never goes below zero, and the blocks physically free always cover the
+ * promises. *@want becomes what was taken.
+ */
+static int dd_data_count_take(struct dd_metadata *md, u64 *want)
+{
+	s64 old = atomic64_read(&md->data_free), n;
+
+	do {
+		if (old <= 0)
+			return dd_data_short(md);
+		n = min_t(s64, old, *want);
+	} while (!atomic64_try_cmpxchg(&md->data_free, &old, old - n));
+	*want = n;
+	return 0;
+}
+
+bool dd_md_promise_data(struct dd_metadata *md, u64 n)
+{
+	s64 old;
+
+	if (!n)
+		return true;
+	/* First, so that a writer finding the count short waits for them. */
+	atomic64_add(n, &md->data_promised);
+	old = atomic64_read(&md->data_free);
+	do {
+		if (old < (s64)n || READ_ONCE(md->read_only)) {
+			atomic64_sub(n, &md->data_promised);
+			return false;
+		}
+	} while (!atomic64_try_cmpxchg(&md->data_free, &old, old - n));
+	return true;
+}
+
+void dd_md_promise_drop(struct dd_metadata *md, u64 n)
+{
+	if (!n)
+		return;
+	atomic64_add(n, &md->data_free);
+	atomic64_sub(n, &md->data_promised);
+}
+
+int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, bool promised,
+			 u64 *first, u64 *len, u64 *free_left)
 {
 	int r;
 
@@ -1350,6 +1416,11 @@ int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 		return -EROFS;
 	if (!want)
 		return -ENOSPC;
+	if (!promised) {
+		r = dd_data_count_take(md, &want);
+		if (r)
+			return r;
+	}
 	if (want <= DD_RESERVE_MAX_WANT) {
 		*len = dd_reserve_take(&md->reserve, want, first);
 		if (*len)
@@ -1368,10 +1439,17 @@ int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
 	if (r == -ENOSPC && dd_space_frees_to_come(&md->data))
 		r = -EAGAIN;
 	mutex_unlock(&md->data_lock);
-	if (r)
+	if (r) {
+		if (!promised)
+			atomic64_add(want, &md->data_free);
 		return r;
+	}
 taken:
-	*free_left = atomic64_sub_return(*len, &md->data_free);
+	if (promised)
+		atomic64_sub(*len, &md->data_promised);
+	else if (want > *len)
+		atomic64_add(want - *len, &md->data_free);
+	*free_left = atomic64_read(&md->data_free);
 	return 0;
 }
 
@@ -2454,7 +2532,7 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 	st->metadata_used = md->bm->space.nr_used;
 	st->metadata_total = md->bm->nr_blocks;
 	mutex_lock(&md->data_lock);
-	st->data_used = md->data.nr_blocks - atomic64_read(&md->data_free);
+	st->data_used = md->data.nr_blocks - dd_md_free_data_blocks(md);
 	st->data_total = md->data.nr_blocks;
 	st->data_space_bytes = dd_space_bytes(&md->data);
 	st->pending_free = dd_space_frees_to_come(&md->data);
@@ -2484,7 +2562,8 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 
 u64 dd_md_free_data_blocks(struct dd_metadata *md)
 {
-	return atomic64_read(&md->data_free);
+	/* Promised blocks are still free on the device. */
+	return atomic64_read(&md->data_free) + atomic64_read(&md->data_promised);
 }
 
 u64 dd_md_data_reusable_at_commit(struct dd_metadata *md)

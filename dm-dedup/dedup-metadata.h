@@ -174,10 +174,23 @@ int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
 int dd_md_alloc_data(struct dd_metadata *md, u64 *pba, u64 *free_left);
 /*
  * Up to @want consecutive free data blocks, at least one: [*first,
- * *first + *len). Errors as dd_md_alloc_data.
+ * *first + *len). Errors as dd_md_alloc_data, and -EAGAIN too while the
+ * free blocks are promised. With @promised, they are taken against
+ * blocks dd_md_promise_data() promised, as many as *len.
  */
-int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, u64 *first,
-			 u64 *len, u64 *free_left);
+int dd_md_alloc_data_run(struct dd_metadata *md, u64 want, bool promised,
+			 u64 *first, u64 *len, u64 *free_left);
+/*
+ * @n free data blocks promised to a write acknowledged before its blocks
+ * are decided (early_ack), so that it never finds the device full after
+ * its acknowledgment: false, and nothing promised, when fewer are free.
+ * A block that stores its data takes its physical block against the
+ * promise; one that does not gives it back with dd_md_promise_drop().
+ * Other writers cannot take promised blocks: they wait (-EAGAIN) while
+ * promises are out. Free blocks as reported include promised ones.
+ */
+bool dd_md_promise_data(struct dd_metadata *md, u64 n);
+void dd_md_promise_drop(struct dd_metadata *md, u64 n);
 void dd_md_free_data_now(struct dd_metadata *md, u64 pba);
 
 /*

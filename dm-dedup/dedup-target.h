@@ -222,6 +222,7 @@ struct dedup_c {
 	int acked_error;		/* the first that failed since a flush */
 	wait_queue_head_t acked_wait;	/* acked_blocks went to 0 */
 	atomic64_t early_acks;
+	atomic64_t early_acks_undecided;	/* of them, before their decision */
 };
 
 /* Blocks a write or read bio carries at most (dm core splits the rest). */
@@ -229,6 +230,8 @@ struct dedup_c {
 
 enum dd_block_flags {
 	DD_BLOCK_ZERO = 1 << 0,
+	/* a data block is promised to it until it is decided (early_ack) */
+	DD_BLOCK_PROMISED = 1 << 1,
 };
 
 enum dd_decision {
@@ -363,6 +366,10 @@ int dd_index_saved_ok(void *ctx, const struct dd_md_saved *s,
 		      const struct dd_space *live, const char **why);
 extern const char dd_index_walk_due[];
 void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s);
+bool dd_decide_promise(struct dedup_c *dc, struct dd_write_block *blk,
+		       unsigned int nr);
+void dd_decide_unpromise(struct dedup_c *dc, struct dd_write_block *blk,
+			 unsigned int nr);
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision);
 unsigned int dd_decide_stored_runs(struct dedup_c *dc,

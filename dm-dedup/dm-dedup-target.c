@@ -197,6 +197,8 @@ static int dd_message_stats(struct dedup_c *dc, char *result,
 	DMEMIT("read_batches %lld\n", atomic64_read(&dc->read_batches));
 	DMEMIT("batched_reads %lld\n", atomic64_read(&dc->batched_reads));
 	DMEMIT("early_acks %lld\n", atomic64_read(&dc->early_acks));
+	DMEMIT("early_acks_undecided %lld\n",
+	       atomic64_read(&dc->early_acks_undecided));
 	DMEMIT("early_acked_blocks_in_flight %u\n", READ_ONCE(dc->acked_blocks));
 	DMEMIT("ordered_waits %llu\n", READ_ONCE(dc->cells.waits));
 	DMEMIT("discard_passdown_blocks %lld\n",
@@ -685,7 +687,7 @@ static void dedup_dtr(struct dm_target *ti)
 
 static struct target_type dedup_target = {
 	.name = "dedup",
-	.version = {1, 12, 0},
+	.version = {1, 13, 0},
 	.module = THIS_MODULE,
 	.ctr = dedup_ctr,
 	.dtr = dedup_dtr,

@@ -5,6 +5,8 @@ import errno
 import multiprocessing
 import time
 
+import pytest
+
 import ddlib
 from ddlib import BlockDev, ZERO, block_data, verify_blocks
 
@@ -26,9 +28,17 @@ def fill_unique(d, seed, first_id, start_lba, limit):
     return exp, len(exp), err
 
 
-def test_data_device_full(make_dedup, seed):
+# With early_ack, a write is acknowledged before its decision only once a
+# data block is promised to each of its blocks: a write that would need a
+# block the device does not have still gets ENOSPC itself, never a later
+# flush.
+EARLY_ACK = pytest.mark.parametrize("opts", [(), ("early_ack",)], ids=["default", "early_ack"])
+
+
+@EARLY_ACK
+def test_data_device_full(make_dedup, seed, opts):
     # 2 MiB data = 512 blocks; 8 MiB logical = 2048 blocks
-    d = make_dedup(meta_mib=8, data_mib=2, logical_mib=8)
+    d = make_dedup(meta_mib=8, data_mib=2, logical_mib=8, opts=opts)
     total = d.status()["data_total"]
     assert total == 512
     exp, n, err = fill_unique(d, seed, 0, 0, total + 16)
@@ -36,6 +46,8 @@ def test_data_device_full(make_dedup, seed):
         n, total)
     assert err.errno == errno.ENOSPC, "expected ENOSPC, got %r" % err
     assert n == total, "only %d of %d data blocks could be used" % (n, total)
+    if opts:
+        assert int(d.stats()["early_acks_undecided"]) >= total - 16, d.stats()
     st = d.status()
     assert st["data_used"] == total, st
     assert st["mapped"] == total, st
@@ -147,12 +159,13 @@ def discard_lbas(d, lbas):
         i = j + 1
 
 
-def test_full_device_concurrent_writers(make_dedup, seed):
+@EARLY_ACK
+def test_full_device_concurrent_writers(make_dedup, seed, opts):
     """Writers on both CPUs fill the data device to its last block: a CPU's
     reserved run of free blocks (dedup-reserve.c) is given back before any
     write gets ENOSPC, and the reservations are counted as free, never as
     used, in the status and across a clean remove and create."""
-    d = make_dedup(meta_mib=8, data_mib=4, logical_mib=32)
+    d = make_dedup(meta_mib=8, data_mib=4, logical_mib=32, opts=opts)
     total = d.status()["data_total"]
     assert total == 1024 and d.nblocks == 4 * STRIDE
     writers = 4
@@ -161,6 +174,8 @@ def test_full_device_concurrent_writers(make_dedup, seed):
     assert errs == [errno.ENOSPC] * writers, errs
     assert len(exp) == total, \
         "%d of %d data blocks written before ENOSPC" % (len(exp), total)
+    if opts:
+        assert int(d.stats()["early_acks_undecided"]) >= total - 64, d.stats()
     st = d.status()
     assert (st["data_used"], st["mapped"]) == (total, total), st
 
