@@ -150,6 +150,16 @@ typedef struct { s64 counter; } atomic64_t;
 #define atomic64_read(a) ((a)->counter)
 #define atomic64_add(v, a) ((void)((a)->counter += (v)))
 #define atomic64_sub_return(v, a) ((a)->counter -= (v))
+#define atomic64_sub(v, a) ((void)((a)->counter -= (v)))
+static inline bool atomic64_try_cmpxchg(atomic64_t *a, s64 *old, s64 new)
+{
+	if (a->counter == *old) {
+		a->counter = new;
+		return true;
+	}
+	*old = a->counter;
+	return false;
+}
 /* One CPU: a per-CPU variable is one object. */
 #define __percpu
 #define alloc_percpu(type) ((type *)calloc(1, sizeof(type)))
