@@ -551,7 +551,7 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 {
 	u64 first = 0, len = 0, free_left;
 	struct dd_write_block *b;
-	bool promised;
+	bool promised, first_promised = false;
 	unsigned int i;
 	int r = 0;
 
@@ -560,8 +560,13 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 		if (decision[i] != DD_STORE)
 			continue;
 		b = &blk[i];
-		/* The blocks of one write are all promised, or none. */
+		/*
+		 * The blocks of a write are all promised, or none; a block
+		 * decided again is decided alone.
+		 */
 		promised = b->flags & DD_BLOCK_PROMISED;
+		WARN_ON_ONCE(len && promised != first_promised);
+		first_promised = promised;
 		if (!len && !r) {
 			r = dd_md_alloc_data_run(dc->md, nr_store, promised,
 						 &first, &len, &free_left);
@@ -577,7 +582,10 @@ static void dd_give_blocks(struct dedup_c *dc, struct dd_write_block *blk,
 		}
 		dd_inflight_cancel(dc, b);
 		if (r == -EAGAIN) {
-			/* Freed blocks come back within two commits. */
+			/*
+			 * Freed blocks come back within two commits,
+			 * promised ones once their writes are decided.
+			 */
 			dd_wait_for_frees(dc, b);
 			decision[i] = DD_PARKED;
 			continue;
@@ -890,8 +898,8 @@ void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 	}
 	if (nr_store)
 		dd_give_blocks(dc, blk, nr, decision, nr_store);
-	/* Not parked blocks': they are no longer ours to look at. */
 	dd_unpromise_done(dc, blk, nr, decision);
+	/* Not parked blocks': they are no longer ours to look at. */
 	dd_raise(&w->append, dd_change_append(dc));
 	up_read(&dc->lock);
 }

@@ -575,15 +575,19 @@ static void dd_ack_now(struct dedup_c *dc, struct dd_write *w)
 	bio_endio(bio);
 }
 
-/* Before the write is decided: every block that may store is promised. */
+/*
+ * Before the write is decided: every block that may store is promised.
+ * Its place in the window first, so that no promise is taken only to be
+ * given back while a flush waits or the window is full.
+ */
 static bool dd_ack_undecided(struct dedup_c *dc, struct dd_write *w)
 {
 	if (!dc->early_ack || (w->bio->bi_opf & REQ_FUA))
 		return false;
-	if (!dd_decide_promise(dc, w->blk, w->nr))
+	if (!dd_ack_window_take(dc, w))
 		return false;
-	if (!dd_ack_window_take(dc, w)) {
-		dd_decide_unpromise(dc, w->blk, w->nr);
+	if (!dd_decide_promise(dc, w->blk, w->nr)) {
+		dd_acked_done(dc, w->nr, 0);
 		return false;
 	}
 	atomic64_inc(&dc->early_acks_undecided);

@@ -62,12 +62,13 @@ struct dd_metadata {
 	struct dd_space data;		/* physical blocks taken; data_lock */
 	struct dd_reserve reserve;	/* taken in data, counted as free */
 	/*
-	 * Free data blocks as the device reports them: those of data, and
-	 * those reserved. Changed under data_lock, but for blocks a writer
-	 * takes from a reservation, so that the count a writer gets back
-	 * is exact without that lock. Blocks promised to writes acknowledged
-	 * before their decision (dd_md_promise_data) are not in it: they are
-	 * in data_promised until taken or given back.
+	 * Free data blocks: those of data, and those reserved, less those
+	 * promised to writes acknowledged before their decision
+	 * (dd_md_promise_data), which are in data_promised until taken or
+	 * given back. A writer takes blocks from the count before the
+	 * allocator, never below zero, and gives back what its run did not
+	 * cover; blocks freed are added under data_lock. The device reports
+	 * the sum of both counts as free (dd_md_free_data_blocks).
 	 */
 	atomic64_t data_free;
 	atomic64_t data_promised;
@@ -1345,17 +1346,22 @@ static int dd_reserve_refill(struct dd_metadata *md, u64 want, u64 *first,
 }
 
 /*
- * No free block is left for a write that was promised none: the device is
- * full, unless promised blocks or freed ones are still to come back.
+ * The count shows no free block for a write that was promised none. The
+ * device is full only if the allocator has none either, every CPU's
+ * reservation given back, and no promise is out and no freed block is to
+ * come back: a block the allocator has while the count shows none is
+ * promised, or taken by a writer that gives back what its run did not
+ * cover. The write waits for those (-EAGAIN).
  */
 static int dd_data_short(struct dd_metadata *md)
 {
 	int r = -EAGAIN;
 
-	if (atomic64_read(&md->data_promised))
-		return r;
 	mutex_lock(&md->data_lock);
-	if (!dd_space_frees_to_come(&md->data))
+	dd_reserve_return(md);
+	if (!atomic64_read(&md->data_promised) &&
+	    !dd_space_free_blocks(&md->data) &&
+	    !dd_space_frees_to_come(&md->data))
 		r = -ENOSPC;
 	mutex_unlock(&md->data_lock);
 	return r;
@@ -1449,7 +1455,7 @@ taken:
 		atomic64_sub(*len, &md->data_promised);
 	else if (want > *len)
 		atomic64_add(want - *len, &md->data_free);
-	*free_left = atomic64_read(&md->data_free);
+	*free_left = dd_md_free_data_blocks(md);
 	return 0;
 }
 
@@ -2562,8 +2568,15 @@ void dd_md_stats(struct dd_metadata *md, struct dd_md_stats *st)
 
 u64 dd_md_free_data_blocks(struct dd_metadata *md)
 {
-	/* Promised blocks are still free on the device. */
-	return atomic64_read(&md->data_free) + atomic64_read(&md->data_promised);
+	/*
+	 * Promised blocks are still free on the device. A promise made or
+	 * given back moves a block between the two counts in two steps:
+	 * the sum may be one promise off meanwhile.
+	 */
+	s64 n = atomic64_read(&md->data_free) +
+		atomic64_read(&md->data_promised);
+
+	return clamp_t(s64, n, 0, md->data.nr_blocks);
 }
 
 u64 dd_md_data_reusable_at_commit(struct dd_metadata *md)
