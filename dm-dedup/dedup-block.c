@@ -540,7 +540,9 @@ bool dd_bm_background_writes(struct dd_bm *bm)
 
 int dd_bm_writeback_error(struct dd_bm *bm)
 {
-	return dd_bm_background_writes(bm) ? dd_bm_write_all(bm) : 0;
+	/* One writer asks; those that found the flag with it need not. */
+	return test_and_clear_bit(DD_BM_BACKGROUND_WRITE, &bm->flags) ?
+	       dd_bm_write_all(bm) : 0;
 }
 
 /*

@@ -2188,6 +2188,10 @@ bool dd_md_dirty(struct dd_metadata *md)
 /*
  * Non-zero when a block of the running transaction was lost by background
  * writeback: the caller aborts. Cheap unless dm-bufio wrote on its own.
+ * The lock is held shared: that keeps commits (and an abort) out, and
+ * other writers may go on changing blocks meanwhile, as they do during
+ * a commit's write-ahead (a block changed while it is written is dirty
+ * again and written again).
  */
 int dd_md_writeback_error(struct dd_metadata *md)
 {
@@ -2196,10 +2200,10 @@ int dd_md_writeback_error(struct dd_metadata *md)
 	/* The common case, nothing written behind our back, takes no lock. */
 	if (!dd_bm_background_writes(md->bm))
 		return 0;
-	down_write(&md->lock);
+	down_read(&md->lock);
 	if (!md->read_only && !md->aborted)
 		r = dd_bm_writeback_error(md->bm);
-	up_write(&md->lock);
+	up_read(&md->lock);
 	return r;
 }
 

@@ -109,6 +109,13 @@ static inline void __clear_bit(u64 nr, unsigned long *a) { a[nr / BITS_PER_LONG]
 /* One thread here: the atomic forms are the plain ones. */
 #define set_bit(nr, a) __set_bit(nr, a)
 #define clear_bit(nr, a) __clear_bit(nr, a)
+static inline bool test_and_clear_bit(u64 nr, unsigned long *a)
+{
+	bool old = test_bit(nr, a);
+
+	__clear_bit(nr, a);
+	return old;
+}
 #define READ_ONCE(x) (x)
 #define smp_load_acquire(p) (*(p))
 #define smp_store_release(p, v) (*(p) = (v))
