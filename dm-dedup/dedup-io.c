@@ -11,8 +11,8 @@
  * write alone in flight submits its own), and one maps those whose data
  * writes completed, each a batch at a time.
  * Flushes and FUA writes complete at the next commit (dedup-commit.c).
- * With early_ack, a write is acknowledged once decided: see "writes
- * acknowledged early" below.
+ * With early_ack, a write is acknowledged before it is done, before it
+ * is decided if it can be: see "writes acknowledged early" below.
  */
 #define DM_MSG_PREFIX "dedup"
 
