@@ -839,19 +839,6 @@ bool dd_decide_promise(struct dedup_c *dc, struct dd_write_block *blk,
 	return true;
 }
 
-/* The promises of blocks not decided yet given back: no early ack. */
-void dd_decide_unpromise(struct dedup_c *dc, struct dd_write_block *blk,
-			 unsigned int nr)
-{
-	unsigned int i, n = 0;
-
-	for (i = 0; i < nr; i++) {
-		n += !!(blk[i].flags & DD_BLOCK_PROMISED);
-		blk[i].flags &= ~DD_BLOCK_PROMISED;
-	}
-	dd_md_promise_drop(dc->md, n);
-}
-
 /* Blocks decided without a new physical block give their promise back. */
 static void dd_unpromise_done(struct dedup_c *dc, struct dd_write_block *blk,
 			      unsigned int nr, const u8 *decision)

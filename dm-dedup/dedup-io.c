@@ -582,8 +582,6 @@ static void dd_ack_now(struct dedup_c *dc, struct dd_write *w)
  */
 static bool dd_ack_undecided(struct dedup_c *dc, struct dd_write *w)
 {
-	if (!dc->early_ack || (w->bio->bi_opf & REQ_FUA))
-		return false;
 	if (!dd_ack_window_take(dc, w))
 		return false;
 	if (!dd_decide_promise(dc, w->blk, w->nr)) {
@@ -601,8 +599,6 @@ static void dd_ack_decided(struct dedup_c *dc, struct dd_write *w,
 {
 	unsigned int i;
 
-	if (!dc->early_ack || (w->bio->bi_opf & REQ_FUA))
-		return;
 	for (i = 0; i < w->nr; i++)
 		if (decision[i] == DD_PARKED ||
 		    (decision[i] == DD_DONE && w->blk[i].error))
@@ -702,15 +698,18 @@ static void dd_decide_and_act(struct dedup_c *dc, struct dd_write_block *blk,
 	u8 decision[DD_BIO_BLOCKS];
 	struct dd_write *w = blk->w;
 	unsigned int i;
+	bool early;
 
 	/* A parked block's work decides it again (dedup-decide.c). */
 	for (i = 0; i < nr; i++)
 		INIT_WORK(&blk[i].work, dd_retry_work);
-	if (whole && dd_ack_undecided(dc, w))
-		whole = false;
+	/* A FUA write is durable when it completes: never early. */
+	early = whole && dc->early_ack && !(w->bio->bi_opf & REQ_FUA);
+	if (early && dd_ack_undecided(dc, w))
+		early = false;
 	dd_decide_write(dc, blk, nr, decision);
 	/* Before the data bios go out, which may complete the write. */
-	if (whole)
+	if (early)
 		dd_ack_decided(dc, w, decision);
 	dd_act(dc, blk, nr, decision);
 	dd_write_put(w);

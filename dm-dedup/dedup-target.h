@@ -368,8 +368,6 @@ extern const char dd_index_walk_due[];
 void dd_index_saved_adopt(struct dedup_c *dc, const struct dd_md_saved *s);
 bool dd_decide_promise(struct dedup_c *dc, struct dd_write_block *blk,
 		       unsigned int nr);
-void dd_decide_unpromise(struct dedup_c *dc, struct dd_write_block *blk,
-			 unsigned int nr);
 void dd_decide_write(struct dedup_c *dc, struct dd_write_block *blk,
 		     unsigned int nr, u8 *decision);
 unsigned int dd_decide_stored_runs(struct dedup_c *dc,

@@ -156,7 +156,6 @@ typedef struct { s64 counter; } atomic64_t;
 #define atomic64_set(a, v) ((a)->counter = (v))
 #define atomic64_read(a) ((a)->counter)
 #define atomic64_add(v, a) ((void)((a)->counter += (v)))
-#define atomic64_sub_return(v, a) ((a)->counter -= (v))
 #define atomic64_sub(v, a) ((void)((a)->counter -= (v)))
 static inline bool atomic64_try_cmpxchg(atomic64_t *a, s64 *old, s64 new)
 {
