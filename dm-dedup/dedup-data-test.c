@@ -2,7 +2,8 @@
 /*
  * KUnit tests of the target's copies of data blocks (dedup-data.c): a
  * copy holds what the bio carried however the bio is cut into segments,
- * and later changes to the bio's pages do not reach it.
+ * and later changes to the bio's pages do not reach it; a stored block's
+ * kept copy answers only for that block.
  */
 #include <kunit/test.h>
 #include <linux/bio.h>
@@ -156,6 +157,40 @@ static void dd_data_test_equal(struct kunit *test)
 	dd_data_pool_exit(pool);
 }
 
+/*
+ * A stored block's copy kept for verify answers only for its own
+ * physical block, its own tag and its own bytes, and a later block
+ * stored in the same slot replaces it. The pool frees what it kept.
+ */
+static void dd_data_test_stored(struct kunit *test)
+{
+	struct dd_data_pool *pool = dd_test_pool(test);
+	u8 *data = kunit_kmalloc(test, DD_BLOCK_SIZE, GFP_KERNEL);
+	struct page *a, *b, *kept;
+	u64 other = 5 + DD_DATA_STORED;
+
+	KUNIT_ASSERT_NOT_NULL(test, data);
+	memset(data, 0x5a, DD_BLOCK_SIZE);
+	a = dd_test_copy(pool, &dd_test_bio(test, data, 1)->bio);
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, a));
+	kept = dd_test_copy(pool, &dd_test_bio(test, data, 2)->bio);
+	dd_data_keep_stored(pool, 5, 1, kept);
+	KUNIT_EXPECT_TRUE(test, dd_data_stored_equal(pool, 5, 1, a));
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 2, a));
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 6, 1, a));
+	data[0] ^= 1;
+	b = dd_test_copy(pool, &dd_test_bio(test, data, 3)->bio);
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, b));
+	/* The same slot: the newer block's copy replaces the older one's. */
+	kept = dd_test_copy(pool, &dd_test_bio(test, data, 1)->bio);
+	dd_data_keep_stored(pool, other, 1, kept);
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, a));
+	KUNIT_EXPECT_TRUE(test, dd_data_stored_equal(pool, other, 1, b));
+	dd_data_put(pool, b);
+	dd_data_put(pool, a);
+	dd_data_pool_exit(pool);
+}
+
 /* One segment of a test bio: @len bytes at @offset of a page of its own. */
 struct dd_test_seg {
 	unsigned int len;
@@ -240,6 +275,7 @@ static struct kunit_case dd_data_cases[] = {
 	KUNIT_CASE(dd_data_test_copy_blocks),
 	KUNIT_CASE(dd_data_test_zero),
 	KUNIT_CASE(dd_data_test_equal),
+	KUNIT_CASE(dd_data_test_stored),
 	{}
 };
 

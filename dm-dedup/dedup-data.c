@@ -7,6 +7,7 @@
 #include <linux/completion.h>
 #include <linux/highmem.h>
 #include <linux/kmsan.h>
+#include <linux/log2.h>
 #include <linux/string.h>
 
 #include "dedup-block.h"
@@ -18,7 +19,14 @@
 
 int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve)
 {
+	unsigned int i;
+
 	BUILD_BUG_ON(DD_BLOCK_SIZE != PAGE_SIZE);
+	BUILD_BUG_ON(!is_power_of_2(DD_DATA_STORED));
+	for (i = 0; i < DD_DATA_STORED; i++) {
+		spin_lock_init(&pool->stored[i].lock);
+		pool->stored[i].page = NULL;
+	}
 	mutex_init(&pool->reserve_lock);
 	spin_lock_init(&pool->kept_lock);
 	INIT_LIST_HEAD(&pool->kept);
@@ -29,8 +37,12 @@ int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve)
 void dd_data_pool_exit(struct dd_data_pool *pool)
 {
 	struct page *page, *tmp;
+	unsigned int i;
 
 	/* Also for a pool never set up (zeroed): a constructor that failed. */
+	for (i = 0; i < DD_DATA_STORED; i++)
+		if (pool->stored[i].page)
+			__free_page(pool->stored[i].page);
 	if (pool->kept.next)
 		list_for_each_entry_safe(page, tmp, &pool->kept, lru)
 			__free_page(page);
@@ -124,15 +136,20 @@ void dd_data_copy(struct dd_data_pool *pool, struct bio *bio,
 	}
 }
 
+/*
+ * The reserve is refilled first: a writer waiting for it is woken only by
+ * a page given back through the mempool.
+ */
+static bool dd_data_reserve_short(struct dd_data_pool *pool)
+{
+	return READ_ONCE(pool->pages.curr_nr) < pool->pages.min_nr ||
+	       mutex_is_locked(&pool->reserve_lock);
+}
+
 void dd_data_put(struct dd_data_pool *pool, struct page *page)
 {
-	/*
-	 * The reserve is refilled first: a writer waiting for it is woken
-	 * only by a page given back through the mempool. With the reserve
-	 * full and nobody taking from it, the page is kept for reuse.
-	 */
-	if (READ_ONCE(pool->pages.curr_nr) < pool->pages.min_nr ||
-	    mutex_is_locked(&pool->reserve_lock)) {
+	/* With the reserve full and nobody taking from it, kept for reuse. */
+	if (dd_data_reserve_short(pool)) {
 		mempool_free(page, &pool->pages);
 		return;
 	}
@@ -145,6 +162,46 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page)
 	spin_unlock(&pool->kept_lock);
 	if (page)
 		__free_page(page);
+}
+
+static struct dd_data_stored *dd_data_slot(struct dd_data_pool *pool, u64 pba)
+{
+	/* A run of blocks stored together fills neighbouring slots. */
+	return &pool->stored[pba & (DD_DATA_STORED - 1)];
+}
+
+void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
+			 struct page *page)
+{
+	struct dd_data_stored *s = dd_data_slot(pool, pba);
+	struct page *old;
+
+	if (dd_data_reserve_short(pool)) {
+		dd_data_put(pool, page);
+		return;
+	}
+	spin_lock(&s->lock);
+	old = s->page;
+	s->pba = pba;
+	s->tag = tag;
+	s->page = page;
+	spin_unlock(&s->lock);
+	if (old)
+		dd_data_put(pool, old);
+}
+
+bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
+			  struct page *page)
+{
+	struct dd_data_stored *s = dd_data_slot(pool, pba);
+	bool same;
+
+	/* Compared under the lock: the next block stored here replaces it. */
+	spin_lock(&s->lock);
+	same = s->page && s->pba == pba && s->tag == tag &&
+	       dd_data_equal(s->page, page);
+	spin_unlock(&s->lock);
+	return same;
 }
 
 bool dd_data_is_zero(struct page *page)

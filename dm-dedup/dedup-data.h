@@ -19,6 +19,12 @@
  *
  * Stored data blocks are read back here too, outside the bio flow: the
  * candidates that verify compares, and the journal's newest append.
+ *
+ * Under verify, the copies of the blocks stored last are kept a while
+ * after their write (one per slot, by physical block; 256 KiB per
+ * device): a copy of a block just written, which a VM clone or a
+ * database log writes soon after the first, is then compared with it in
+ * memory instead of reading it back.
  */
 #ifndef DM_DEDUP_DATA_H
 #define DM_DEDUP_DATA_H
@@ -34,12 +40,24 @@ struct bio_set;
 struct block_device;
 struct page;
 
+/* Copies of stored blocks kept for verify, at most (a power of two). */
+#define DD_DATA_STORED	64
+
+/* The copy of one stored block (dd_data_keep_stored). */
+struct dd_data_stored {
+	spinlock_t lock;	/* protects the three below */
+	u64 pba;
+	u64 tag;
+	struct page *page;
+};
+
 struct dd_data_pool {
 	mempool_t pages;
 	struct mutex reserve_lock;	/* one writer at a time takes the reserve */
 	spinlock_t kept_lock;		/* protects the two below */
 	struct list_head kept;		/* pages given back, for reuse */
 	unsigned int nr_kept;
+	struct dd_data_stored stored[DD_DATA_STORED];
 };
 
 int dd_data_pool_init(struct dd_data_pool *pool, unsigned int reserve);
@@ -52,6 +70,18 @@ void dd_data_pool_exit(struct dd_data_pool *pool);
 void dd_data_copy(struct dd_data_pool *pool, struct bio *bio,
 		  struct page **pages, unsigned int nr);
 void dd_data_put(struct dd_data_pool *pool, struct page *page);
+
+/*
+ * @page holds what physical block @pba holds, for as long as the
+ * caller's @tag stands (dm-dedup: until a commit lets freed blocks be
+ * written again): kept for dd_data_stored_equal(), and no longer the
+ * caller's. Under memory pressure it goes back to the pool instead.
+ */
+void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
+			 struct page *page);
+/* Does a copy kept with @tag show that @pba holds @page's bytes? */
+bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
+			  struct page *page);
 
 bool dd_data_is_zero(struct page *page);
 bool dd_data_equal(struct page *a, struct page *b);

@@ -348,12 +348,18 @@ static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 /* ------------------------------------------------------------------ */
 /* the decision */
 
-/* Does physical block @pba hold exactly the write's data? */
-static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
+/*
+ * Does physical block @pba hold exactly the write's data, as long as
+ * dc->reuse_seq is @seq?
+ */
+static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b,
+			   u64 pba, u64 seq)
 {
 	struct page *page;
 	int r;
 
+	if (dd_data_stored_equal(&dc->data_pool, pba, seq, b->data))
+		return 1;
 	/* Short of memory, store a copy rather than wait for memory. */
 	page = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!page)
@@ -403,7 +409,7 @@ static int dd_share(struct dedup_c *dc, struct dd_write_block *b, u64 pba)
 		if (r <= 0)
 			return r ? r : DD_RULED_OUT;
 		up_read(&dc->lock);
-		r = dd_same_content(dc, b, pba);
+		r = dd_same_content(dc, b, pba, seq);
 		down_read(&dc->lock);
 		if (dc->reuse_seq != seq) {
 			/*
@@ -649,7 +655,8 @@ struct dd_verified {
  * first candidate leaf, all read at once without the transaction lock, in
  * disk order (a sequential copy finds its candidates side by side: one
  * read per run). A block its leader woke and found equal needs no read
- * (dd_inflight_wake).
+ * (dd_inflight_wake), nor one whose holder was stored lately and still
+ * has its copy in memory (dd_data_keep_stored).
  * NULL when none could be compared: no known block, short of memory, or
  * a commit during the reads let freed blocks be reused (dc->reuse_seq,
  * as in dd_share). A block left without an equal holder goes its own
@@ -662,7 +669,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 {
 	/* by block: its candidate leaf; for those in order[], the holder */
 	u64 at[DD_BIO_BLOCKS], holder[DD_MD_HOLDERS_MAX];
-	bool known[DD_BIO_BLOCKS], any = false, twins = false;
+	bool known[DD_BIO_BLOCKS], any = false, in_memory = false;
 	u8 order[DD_BIO_BLOCKS];
 	struct dd_verified *v;
 	unsigned int i, j, k, m = 0, n = 0;
@@ -686,7 +693,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		/* Compared in memory when its leader woke it: no read. */
 		v->same[i] = dd_twin(dc, &blk[i]);
 		v->read[i] = U8_MAX;
-		twins |= v->same[i];
+		in_memory |= v->same[i];
 		if (v->same[i])
 			continue;
 		/* Dead records come first too: look past them. */
@@ -695,6 +702,13 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 				       ARRAY_SIZE(holder)) <= 0)
 			continue;
 		at[i] = holder[0];
+		/* Stored lately, its copy may still be in memory: no read. */
+		if (dd_data_stored_equal(&dc->data_pool, at[i], dc->reuse_seq,
+					 blk[i].data)) {
+			v->same[i] = at[i] + 1;
+			in_memory = true;
+			continue;
+		}
 		/* In the order of the holders, so that neighbours share a read. */
 		for (j = m++; j && at[order[j - 1]] > at[i]; j--)
 			order[j] = order[j - 1];
@@ -714,7 +728,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 			v->read[i] = n++;
 	}
 	v->seq = dc->reuse_seq;
-	if (!n && twins)
+	if (!n && in_memory)
 		return v;
 	if (!n)
 		goto none;
@@ -997,6 +1011,22 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 	for (i = 0; i < kept; i++)
 		for (b = runs[i]; b; b = b->run_next)
 			dd_inflight_wake(dc, b, !b->error);
+	/*
+	 * Under verify, copies of a block just stored tend to come soon
+	 * after it: its page is kept to compare them with. What the block
+	 * holds stays as it is at least until a commit lets it be reused
+	 * (reuse_seq moves), which the lock holds off until the page is kept.
+	 */
+	if (dc->verify) {
+		for (i = 0; i < nr_todo; i++) {
+			b = todo[i];
+			if (b->error)
+				continue;
+			dd_data_keep_stored(&dc->data_pool, b->pba,
+					    dc->reuse_seq, b->data);
+			b->data = NULL;
+		}
+	}
 	append = dd_change_append(dc);
 	for (i = 0; i < nr_todo; i++)
 		dd_raise(&todo[i]->w->append, append);

@@ -314,7 +314,9 @@ static void dd_block_done(struct dedup_c *dc, struct dd_write_block *b, int r)
 {
 	struct dd_write *w = b->w;
 
-	dd_data_put(&dc->data_pool, b->data);
+	/* A stored block's page may have been kept (dd_decide_stored_runs). */
+	if (b->data)
+		dd_data_put(&dc->data_pool, b->data);
 	b->data = NULL;
 	if (r)
 		cmpxchg(&w->error, 0, r);

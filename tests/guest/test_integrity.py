@@ -445,6 +445,52 @@ def test_verify_tries_every_candidate(make_dedup, seed):
     d.remove()
 
 
+def test_verify_compares_a_fresh_copy_in_memory(make_dedup, seed):
+    """A block just stored keeps its copy in memory a while: a copy of it
+    written soon after is compared with that, without a read. A block
+    with the same CRC-32C but other bytes is still told apart and stored.
+    Once 128 other blocks were stored, the copy is read again; and after
+    a commit that lets freed blocks be reused, a kept copy no longer
+    counts (the block might have been written again)."""
+    d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
+    a, b, c, e = (ddlib.block_data(seed, i) for i in (1, 2, 3, 4))
+    b_impostor = crc32c_collision(b, b"\x0b")
+    filler = [ddlib.block_data(seed, 1000 + i) for i in range(128)]
+
+    def counts():
+        st, stats = d.status(), d.stats()
+        return (st["unique_writes"], st["duplicate_writes"],
+                int(stats["verify_mismatches"]), int(stats["verify_reads"]))
+
+    with ddlib.BlockDev(d.path) as bd:
+        def step(what, lba, blocks, want):
+            before = counts()
+            bd.write_range(lba, blocks)
+            bd.fsync()
+            got = tuple(x - y for x, y in zip(counts(), before))
+            assert got == want, "%s: (unique, dup, mismatches, reads) %s" % (what, got)
+
+        step("a", 0, [a], (1, 0, 0, 0))
+        step("a's copy", 1, [a], (0, 1, 0, 0))
+        step("b", 2, [b], (1, 0, 0, 0))
+        # compared in memory, unequal: read, in the batch and again alone
+        step("b's impostor", 3, [b_impostor], (1, 0, 1, 2))
+        step("b's copy", 4, [b], (0, 1, 0, 0))
+        step("filler", 100, filler, (len(filler), 0, 0, 0))
+        step("a's copy after the filler", 5, [a], (0, 1, 0, 1))
+        step("c", 6, [c], (1, 0, 0, 0))
+        # e replaces b's impostor at lba 3, and commits let its block be
+        # reused: c's kept copy no longer counts
+        step("e", 3, [e], (1, 0, 0, 0))
+        d.commit()
+        d.commit()
+        step("c's copy after a reusing commit", 7, [c], (0, 1, 0, 1))
+        want = {0: a, 1: a, 2: b, 3: e, 4: b, 5: a, 6: c, 7: c}
+        assert {lba: bd.read(lba) for lba in want} == want
+        assert bd.read_range(100, len(filler)) == filler
+    d.remove()
+
+
 def test_verify_batch_compares_every_block(make_dedup, seed):
     """The candidates of a write are read and compared together
     (dd_verify_write), in disk order, one read per run of consecutive
@@ -457,7 +503,10 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     write and are compared with it in memory (dd_inflight_wake): 16 copies
     of a new block read nothing, and an impostor among 4 copies of
     another is told apart and stored (a read in the batch and one on the
-    one-block way). Every block reads back."""
+    one-block way). The blocks stored last keep their copies in memory
+    (test_verify_compares_a_fresh_copy_in_memory): 128 other blocks are
+    written after the first 32, so that theirs are read. Every block reads
+    back."""
     d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
     n = 32
     orig = [ddlib.block_data(seed, 100 + i) for i in range(n)]
@@ -466,8 +515,10 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     copy[20] = crc32c_collision(orig[20], b"\x08\x09")
     y, z = ddlib.block_data(seed, 200), ddlib.block_data(seed, 201)
     z_impostor = crc32c_collision(z, b"\x0a")
+    filler = [ddlib.block_data(seed, 1000 + i) for i in range(128)]
     writes = [  # lba, blocks, (unique, duplicate, mismatches, reads) it adds
         (0, orig, (n, 0, 0, 0)),
+        (1024, filler, (len(filler), 0, 0, 0)),
         (64, copy, (2, n - 2, 2, 3)),
         (128, orig[::-1], (0, n, 0, 1)),
         (192, [orig[i] for i in (7, 3, 9, 3, 8)], (0, 5, 0, 2)),
@@ -475,7 +526,7 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
         (320, [y] * 16, (1, 15, 0, 0)),
         (384, [z, z, z_impostor, z], (2, 2, 1, 2)),
     ]
-    buf = mmap.mmap(-1, n * ddlib.BLOCK)
+    buf = mmap.mmap(-1, len(filler) * ddlib.BLOCK)
 
     def counts():
         st, stats = d.status(), d.stats()
