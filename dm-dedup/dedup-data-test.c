@@ -159,8 +159,9 @@ static void dd_data_test_equal(struct kunit *test)
 
 /*
  * A stored block's copy kept for verify answers only for its own
- * physical block, its own tag and its own bytes, and a later block
- * stored in the same slot replaces it. The pool frees what it kept.
+ * physical block, its own tag and its own bytes; a later block stored
+ * in the same slot replaces it, and a question with a newer tag lets it
+ * go. The pool frees what it kept.
  */
 static void dd_data_test_stored(struct kunit *test)
 {
@@ -186,6 +187,10 @@ static void dd_data_test_stored(struct kunit *test)
 	dd_data_keep_stored(pool, other, 1, kept);
 	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, a));
 	KUNIT_EXPECT_TRUE(test, dd_data_stored_equal(pool, other, 1, b));
+	/* Asked with a newer tag, it is let go: an older one finds nothing. */
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, other, 2, b));
+	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, other, 1, b));
+	KUNIT_EXPECT_NULL(test, pool->stored[other % DD_DATA_STORED].page);
 	dd_data_put(pool, b);
 	dd_data_put(pool, a);
 	dd_data_pool_exit(pool);

@@ -176,9 +176,10 @@ void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
 	struct dd_data_stored *s = dd_data_slot(pool, pba);
 	struct page *old;
 
+	/* Short of pages, the slot's copy goes back to the pool as well. */
 	if (dd_data_reserve_short(pool)) {
 		dd_data_put(pool, page);
-		return;
+		page = NULL;
 	}
 	spin_lock(&s->lock);
 	old = s->page;
@@ -194,13 +195,21 @@ bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
 			  struct page *page)
 {
 	struct dd_data_stored *s = dd_data_slot(pool, pba);
+	struct page *stale = NULL;
 	bool same;
 
 	/* Compared under the lock: the next block stored here replaces it. */
 	spin_lock(&s->lock);
 	same = s->page && s->pba == pba && s->tag == tag &&
 	       dd_data_equal(s->page, page);
+	/* Tags only grow: an older one's copy will never count again. */
+	if (s->page && s->tag < tag) {
+		stale = s->page;
+		s->page = NULL;
+	}
 	spin_unlock(&s->lock);
+	if (stale)
+		dd_data_put(pool, stale);
 	return same;
 }
 

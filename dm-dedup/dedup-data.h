@@ -20,9 +20,9 @@
  * Stored data blocks are read back here too, outside the bio flow: the
  * candidates that verify compares, and the journal's newest append.
  *
- * Under verify, the copies of the blocks stored last are kept a while
- * after their write (one per slot, by physical block; 256 KiB per
- * device): a copy of a block just written, which a VM clone or a
+ * Under verify, the copies of blocks stored lately are kept a while
+ * after their write (one per slot, by physical block number; 256 KiB
+ * per device): a copy of a block just written, which a VM clone or a
  * database log writes soon after the first, is then compared with it in
  * memory instead of reading it back.
  */
@@ -74,12 +74,16 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page);
 /*
  * @page holds what physical block @pba holds, for as long as the
  * caller's @tag stands (dm-dedup: until a commit lets freed blocks be
- * written again): kept for dd_data_stored_equal(), and no longer the
- * caller's. Under memory pressure it goes back to the pool instead.
+ * written again; tags only grow): kept for dd_data_stored_equal(), and
+ * no longer the caller's. Under memory pressure it goes back to the
+ * pool instead, and so does the copy its slot held.
  */
 void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
 			 struct page *page);
-/* Does a copy kept with @tag show that @pba holds @page's bytes? */
+/*
+ * Does a copy kept with @tag show that @pba holds @page's bytes? A copy
+ * found with an older tag is let go.
+ */
 bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
 			  struct page *page);
 

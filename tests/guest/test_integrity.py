@@ -449,13 +449,14 @@ def test_verify_compares_a_fresh_copy_in_memory(make_dedup, seed):
     """A block just stored keeps its copy in memory a while: a copy of it
     written soon after is compared with that, without a read. A block
     with the same CRC-32C but other bytes is still told apart and stored.
-    Once 128 other blocks were stored, the copy is read again; and after
+    Once 256 other blocks were stored (their physical blocks cover every
+    slot), the copy is read again; and after
     a commit that lets freed blocks be reused, a kept copy no longer
     counts (the block might have been written again)."""
     d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
     a, b, c, e = (ddlib.block_data(seed, i) for i in (1, 2, 3, 4))
     b_impostor = crc32c_collision(b, b"\x0b")
-    filler = [ddlib.block_data(seed, 1000 + i) for i in range(128)]
+    filler = [ddlib.block_data(seed, 1000 + i) for i in range(256)]
 
     def counts():
         st, stats = d.status(), d.stats()
@@ -504,7 +505,7 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     of a new block read nothing, and an impostor among 4 copies of
     another is told apart and stored (a read in the batch and one on the
     one-block way). The blocks stored last keep their copies in memory
-    (test_verify_compares_a_fresh_copy_in_memory): 128 other blocks are
+    (test_verify_compares_a_fresh_copy_in_memory): 256 other blocks are
     written after the first 32, so that theirs are read. Every block reads
     back."""
     d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
@@ -515,7 +516,7 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     copy[20] = crc32c_collision(orig[20], b"\x08\x09")
     y, z = ddlib.block_data(seed, 200), ddlib.block_data(seed, 201)
     z_impostor = crc32c_collision(z, b"\x0a")
-    filler = [ddlib.block_data(seed, 1000 + i) for i in range(128)]
+    filler = [ddlib.block_data(seed, 1000 + i) for i in range(256)]
     writes = [  # lba, blocks, (unique, duplicate, mismatches, reads) it adds
         (0, orig, (n, 0, 0, 0)),
         (1024, filler, (len(filler), 0, 0, 0)),
