@@ -667,8 +667,9 @@ static noinline_for_stack struct dd_verified *
 dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		unsigned int nr)
 {
-	/* by block: its candidate leaf; for those in order[], the holder */
-	u64 at[DD_BIO_BLOCKS], holder[DD_MD_HOLDERS_MAX];
+	/* by block: its candidate leaf, then its holder */
+	u64 at[DD_BIO_BLOCKS];
+	const u8 *fp[DD_BIO_BLOCKS];	/* by block: the content to look up */
 	bool known[DD_BIO_BLOCKS], any = false, in_memory = false;
 	u8 order[DD_BIO_BLOCKS];
 	struct dd_verified *v;
@@ -694,14 +695,13 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		v->same[i] = dd_twin(dc, &blk[i]);
 		v->read[i] = U8_MAX;
 		in_memory |= v->same[i];
-		if (v->same[i])
+		fp[i] = known[i] && !v->same[i] ? blk[i].fp : NULL;
+	}
+	/* Dead records come first too: look past them, all in one trip. */
+	dd_md_first_holders(dc->md, at, fp, nr);
+	for (i = 0; i < nr; i++) {
+		if (at[i] == DD_MD_NO_HOLDER)
 			continue;
-		/* Dead records come first too: look past them. */
-		if (!known[i] ||
-		    dd_md_find_holders(dc->md, at[i], blk[i].fp, holder,
-				       ARRAY_SIZE(holder)) <= 0)
-			continue;
-		at[i] = holder[0];
 		/* Stored lately, its copy may still be in memory: no read. */
 		if (dd_data_stored_equal(&dc->data_pool, at[i], dc->reuse_seq,
 					 blk[i].data)) {

@@ -1025,6 +1025,41 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 }
 
 /*
+ * The first holders of a write's contents in one call: a content equal to
+ * the one before it in the same leaf shares its answer, a NULL one is not
+ * looked up, a content nobody holds is found nowhere, and the same
+ * content asked of a leaf out of range is an error of its own.
+ */
+static void dd_md_test_first_holders(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 fa[DD_FP_SIZE], fb[DD_FP_SIZE], fc[DD_FP_SIZE];
+	const u8 *fp[6] = { fa, NULL, fa, fb, fc, fa };
+	u64 a, b, at[6];
+
+	a = dd_test_write(test, md, 0, 1);
+	b = dd_test_write(test, md, 1, 2);
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, a, fa), 0);
+	KUNIT_ASSERT_EQ(test, dd_md_get_fingerprint(md, b, fb), 0);
+	dd_test_fp(fc, 3);
+	at[0] = a / DD_FP_PER_LEAF;
+	at[1] = 7;
+	at[2] = a / DD_FP_PER_LEAF;
+	at[3] = b / DD_FP_PER_LEAF;
+	at[4] = a / DD_FP_PER_LEAF;
+	at[5] = a / DD_FP_PER_LEAF + 1;
+	dd_md_first_holders(md, at, fp, ARRAY_SIZE(at));
+	KUNIT_EXPECT_EQ(test, at[0], a);
+	KUNIT_EXPECT_EQ(test, at[1], DD_MD_NO_HOLDER);
+	KUNIT_EXPECT_EQ(test, at[2], a);
+	KUNIT_EXPECT_EQ(test, at[3], b);
+	KUNIT_EXPECT_EQ(test, at[4], DD_MD_NO_HOLDER);
+	KUNIT_EXPECT_EQ(test, at[5], DD_MD_NO_HOLDER);
+}
+
+/*
  * Allocation says why nothing is free: -EAGAIN when freed blocks come
  * back at the next commit or the one after (the target waits for them),
  * -ENOSPC when nothing will come back (the write fails).
@@ -2690,6 +2725,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_refcount_max),
 	KUNIT_CASE(dd_md_test_refcount_errors),
 	KUNIT_CASE(dd_md_test_duplicate_dead),
+	KUNIT_CASE(dd_md_test_first_holders),
 	KUNIT_CASE(dd_md_test_alloc_data),
 	KUNIT_CASE(dd_md_test_runs),
 	KUNIT_CASE(dd_md_test_reserve),

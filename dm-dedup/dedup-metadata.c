@@ -1267,6 +1267,36 @@ int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
 	return r;
 }
 
+void dd_md_first_holders(struct dd_metadata *md, u64 *at,
+			 const u8 *const *fp, unsigned int nr)
+{
+	u32 rc[DD_MD_HOLDERS_MAX];
+	u64 pba[DD_MD_HOLDERS_MAX], last_leaf = 0;
+	unsigned int i, last = nr;
+
+	down_read(&md->lock);
+	for (i = 0; i < nr; i++) {
+		if (!fp[i]) {
+			at[i] = DD_MD_NO_HOLDER;
+			continue;
+		}
+		/* A block repeated in a write: one search for all its copies. */
+		if (last < nr && at[i] == last_leaf &&
+		    !memcmp(fp[i], fp[last], DD_FP_SIZE)) {
+			at[i] = at[last];
+			continue;
+		}
+		last = i;
+		last_leaf = at[i];
+		if (dd_find_holders(md, at[i], fp[i], pba, rc,
+				    DD_MD_HOLDERS_MAX) > 0)
+			at[i] = pba[0];
+		else
+			at[i] = DD_MD_NO_HOLDER;
+	}
+	up_read(&md->lock);
+}
+
 int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp)
 {
 	u32 rc;

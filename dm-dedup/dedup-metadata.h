@@ -163,6 +163,18 @@ int dd_md_holds(struct dd_metadata *md, u64 pba, const u8 *fp);
  */
 int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
 		       u64 *pba, unsigned int max);
+/* No holder found (dd_md_first_holders). */
+#define DD_MD_NO_HOLDER		U64_MAX
+/*
+ * The first holder of each of @nr contents, in one hold of the metadata
+ * lock (the known blocks of a write, looked up together): @at[i] names
+ * the leaf of @fp[i] on the way in and the first live holder on the way
+ * out, or DD_MD_NO_HOLDER when there is none, the search failed or
+ * @fp[i] is NULL (nothing looked up). A content equal to the one looked
+ * up before it, in the same leaf, shares its answer.
+ */
+void dd_md_first_holders(struct dd_metadata *md, u64 *at,
+			 const u8 *const *fp, unsigned int nr);
 
 /*
  * A free data block for new content. 0: *pba is allocated and *free_left is
