@@ -1026,9 +1026,10 @@ static void dd_md_test_duplicate_dead(struct kunit *test)
 
 /*
  * The first holders of a write's contents in one call: a content equal to
- * the one before it in the same leaf shares its answer, a NULL one is not
- * looked up, a content nobody holds is found nowhere, and the same
- * content asked of a leaf out of range is an error of its own.
+ * the one before it in the same leaf shares its answer, but not the same
+ * content asked of another leaf right after it (here out of range: no
+ * holder), a NULL one is not looked up, and a content nobody holds is
+ * found nowhere.
  */
 static void dd_md_test_first_holders(struct kunit *test)
 {
@@ -1036,8 +1037,8 @@ static void dd_md_test_first_holders(struct kunit *test)
 	struct dd_md_config *cfg = dd_test_cfg(test, 100, 100);
 	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
 	u8 fa[DD_FP_SIZE], fb[DD_FP_SIZE], fc[DD_FP_SIZE];
-	const u8 *fp[6] = { fa, NULL, fa, fb, fc, fa };
-	u64 a, b, at[6];
+	const u8 *fp[7] = { fa, NULL, fa, fa, fb, fc, fa };
+	u64 a, b, at[7];
 
 	a = dd_test_write(test, md, 0, 1);
 	b = dd_test_write(test, md, 1, 2);
@@ -1047,16 +1048,19 @@ static void dd_md_test_first_holders(struct kunit *test)
 	at[0] = a / DD_FP_PER_LEAF;
 	at[1] = 7;
 	at[2] = a / DD_FP_PER_LEAF;
-	at[3] = b / DD_FP_PER_LEAF;
-	at[4] = a / DD_FP_PER_LEAF;
-	at[5] = a / DD_FP_PER_LEAF + 1;
+	/* right after a's answer, the same content in another leaf */
+	at[3] = a / DD_FP_PER_LEAF + 1;
+	at[4] = b / DD_FP_PER_LEAF;
+	at[5] = a / DD_FP_PER_LEAF;
+	at[6] = a / DD_FP_PER_LEAF;
 	dd_md_first_holders(md, at, fp, ARRAY_SIZE(at));
 	KUNIT_EXPECT_EQ(test, at[0], a);
 	KUNIT_EXPECT_EQ(test, at[1], DD_MD_NO_HOLDER);
 	KUNIT_EXPECT_EQ(test, at[2], a);
-	KUNIT_EXPECT_EQ(test, at[3], b);
-	KUNIT_EXPECT_EQ(test, at[4], DD_MD_NO_HOLDER);
+	KUNIT_EXPECT_EQ(test, at[3], DD_MD_NO_HOLDER);
+	KUNIT_EXPECT_EQ(test, at[4], b);
 	KUNIT_EXPECT_EQ(test, at[5], DD_MD_NO_HOLDER);
+	KUNIT_EXPECT_EQ(test, at[6], a);
 }
 
 /*

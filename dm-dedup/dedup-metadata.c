@@ -1267,12 +1267,15 @@ int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
 	return r;
 }
 
+/* Searches of dd_md_first_holders() per hold of the metadata lock. */
+#define DD_MD_SEARCHES_PER_HOLD	16
+
 void dd_md_first_holders(struct dd_metadata *md, u64 *at,
 			 const u8 *const *fp, unsigned int nr)
 {
 	u32 rc[DD_MD_HOLDERS_MAX];
 	u64 pba[DD_MD_HOLDERS_MAX], last_leaf = 0;
-	unsigned int i, last = nr;
+	unsigned int i, last = nr, searched = 0;
 
 	down_read(&md->lock);
 	for (i = 0; i < nr; i++) {
@@ -1285,6 +1288,15 @@ void dd_md_first_holders(struct dd_metadata *md, u64 *at,
 		    !memcmp(fp[i], fp[last], DD_FP_SIZE)) {
 			at[i] = at[last];
 			continue;
+		}
+		/*
+		 * A writer waiting to copy a leaf waits for a few searches
+		 * at most (each may read a leaf). The answers are hints that
+		 * the share checks again, so they hold across the gap.
+		 */
+		if (searched++ && !(searched % DD_MD_SEARCHES_PER_HOLD)) {
+			up_read(&md->lock);
+			down_read(&md->lock);
 		}
 		last = i;
 		last_leaf = at[i];

@@ -171,7 +171,9 @@ int dd_md_find_holders(struct dd_metadata *md, u64 leaf, const u8 *fp,
  * the leaf of @fp[i] on the way in and the first live holder on the way
  * out, or DD_MD_NO_HOLDER when there is none, the search failed or
  * @fp[i] is NULL (nothing looked up). A content equal to the one looked
- * up before it, in the same leaf, shares its answer.
+ * up before it, in the same leaf, shares its answer. The lock is let go
+ * between searches now and then; like dd_md_find_holders()'s, the
+ * answers are hints that a share checks again.
  */
 void dd_md_first_holders(struct dd_metadata *md, u64 *at,
 			 const u8 *const *fp, unsigned int nr);
