@@ -1294,10 +1294,11 @@ void dd_md_first_holders(struct dd_metadata *md, u64 *at,
 		 * at most (each may read a leaf). The answers are hints that
 		 * the share checks again, so they hold across the gap.
 		 */
-		if (searched++ && !(searched % DD_MD_SEARCHES_PER_HOLD)) {
+		if (searched && !(searched % DD_MD_SEARCHES_PER_HOLD)) {
 			up_read(&md->lock);
 			down_read(&md->lock);
 		}
+		searched++;
 		last = i;
 		last_leaf = at[i];
 		if (dd_find_holders(md, at[i], fp[i], pba, rc,

@@ -445,30 +445,33 @@ def test_verify_tries_every_candidate(make_dedup, seed):
     d.remove()
 
 
+def verify_counts(d):
+    """(unique writes, duplicate writes, verify mismatches, verify reads)
+    of dedup device `d` so far."""
+    st, stats = d.status(), d.stats()
+    return (st["unique_writes"], st["duplicate_writes"],
+            int(stats["verify_mismatches"]), int(stats["verify_reads"]))
+
+
 def test_verify_compares_a_fresh_copy_in_memory(make_dedup, seed):
     """A block just stored keeps its copy in memory a while: a copy of it
     written soon after is compared with that, without a read. A block
     with the same CRC-32C but other bytes is still told apart and stored.
     Once 256 other blocks were stored (their physical blocks cover every
-    slot), the copy is read again; and after
-    a commit that lets freed blocks be reused, a kept copy no longer
-    counts (the block might have been written again)."""
+    slot), the copy is read again; and after a commit that lets freed
+    blocks be reused, a kept copy no longer counts (the block might have
+    been written again)."""
     d = make_dedup(opts=["hash", "crc32c", "verify", "commit_interval", "3600"])
     a, b, c, e = (ddlib.block_data(seed, i) for i in (1, 2, 3, 4))
     b_impostor = crc32c_collision(b, b"\x0b")
     filler = [ddlib.block_data(seed, 1000 + i) for i in range(256)]
 
-    def counts():
-        st, stats = d.status(), d.stats()
-        return (st["unique_writes"], st["duplicate_writes"],
-                int(stats["verify_mismatches"]), int(stats["verify_reads"]))
-
     with ddlib.BlockDev(d.path) as bd:
         def step(what, lba, blocks, want):
-            before = counts()
+            before = verify_counts(d)
             bd.write_range(lba, blocks)
             bd.fsync()
-            got = tuple(x - y for x, y in zip(counts(), before))
+            got = tuple(x - y for x, y in zip(verify_counts(d), before))
             assert got == want, "%s: (unique, dup, mismatches, reads) %s" % (what, got)
 
         step("a", 0, [a], (1, 0, 0, 0))
@@ -529,20 +532,15 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     ]
     buf = mmap.mmap(-1, len(filler) * ddlib.BLOCK)
 
-    def counts():
-        st, stats = d.status(), d.stats()
-        return (st["unique_writes"], st["duplicate_writes"],
-                int(stats["verify_mismatches"]), int(stats["verify_reads"]))
-
     try:
         with ddlib.BlockDev(d.path) as bd:
             for lba, blocks, want in writes:
-                before = counts()
+                before = verify_counts(d)
                 size = len(blocks) * ddlib.BLOCK
                 buf[:size] = b"".join(blocks)
                 assert os.pwrite(bd.fd, memoryview(buf)[:size], lba * ddlib.BLOCK) == size
                 bd.fsync()
-                got = tuple(a - b for a, b in zip(counts(), before))
+                got = tuple(a - b for a, b in zip(verify_counts(d), before))
                 assert got == want, "write at %d: (unique, dup, mismatches, reads) %s" % (
                     lba, got)
             for lba, blocks, _ in writes:
