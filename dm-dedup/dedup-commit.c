@@ -955,7 +955,7 @@ int dd_journal_data_verify(void *ctx, u64 pba, const u8 *fp)
 	page = alloc_page(GFP_NOIO);
 	if (!page)
 		return -ENOMEM;
-	r = dd_data_read_block(dc->data_dev->bdev, pba, page);
+	r = dd_data_read_block(dc->data_dev->bdev, pba, page, NULL);
 	if (!r)
 		r = dd_fingerprint_block(&dc->hasher, page_address(page), found);
 	__free_page(page);

@@ -233,14 +233,26 @@ bool dd_data_equal(struct page *a, struct page *b)
 	return same;
 }
 
-/* One block read into @page and waited for. */
-int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page)
+/* A bio made with a device is the submitting task's: make it @owner's. */
+static void dd_data_own(struct bio *bio, const struct dd_data_owner *owner)
+{
+	if (!owner)
+		return;
+	if (owner->css)
+		bio_associate_blkg_from_css(bio, owner->css);
+	bio->bi_ioprio = owner->ioprio;
+}
+
+/* One block read into @page for @owner, and waited for. */
+int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page,
+		       const struct dd_data_owner *owner)
 {
 	struct bio_vec vec;
 	struct bio bio;
 	int r;
 
 	bio_init(&bio, bdev, &vec, 1, REQ_OP_READ);
+	dd_data_own(&bio, owner);
 	bio.bi_iter.bi_sector = pba * DD_SECTORS_PER_BLOCK;
 	__bio_add_page(&bio, page, DD_BLOCK_SIZE, 0);
 	r = submit_bio_wait(&bio);
@@ -268,13 +280,14 @@ static void dd_data_read_endio(struct bio *bio)
  * one bio per run of consecutive blocks: the candidates that verify
  * compares for the blocks of a write, which a sequential copy finds side
  * by side. @error[i] is what block i's read returned; @rd is the caller's
- * room for the reads in flight. The bios come from @bs, the target's own
- * pool: the writes it serves may hold the pool of the file system above.
- * Returns the number of bios.
+ * room for the reads in flight, @owner whom they are for. The bios come
+ * from @bs, the target's own pool: the writes it serves may hold the pool
+ * of the file system above. Returns the number of bios.
  */
 unsigned int dd_data_read(struct block_device *bdev, struct bio_set *bs,
 			  const u64 *pba, struct page **page, int *error,
-			  unsigned int nr, struct dd_data_reads *rd)
+			  unsigned int nr, struct dd_data_reads *rd,
+			  const struct dd_data_owner *owner)
 {
 	unsigned int i, j, len, nr_bio = 0;
 	struct blk_plug plug;
@@ -295,6 +308,7 @@ unsigned int dd_data_read(struct block_device *bdev, struct bio_set *bs,
 			.reads = rd, .error = &error[i], .len = len,
 		};
 		bio = bio_alloc_bioset(bdev, len, REQ_OP_READ, GFP_NOIO, bs);
+		dd_data_own(bio, owner);
 		bio->bi_iter.bi_sector = pba[i] * DD_SECTORS_PER_BLOCK;
 		for (j = 0; j < len; j++)
 			__bio_add_page(bio, page[i + j], DD_BLOCK_SIZE, 0);

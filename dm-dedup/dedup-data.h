@@ -90,7 +90,19 @@ bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
 bool dd_data_is_zero(struct page *page);
 bool dd_data_equal(struct page *a, struct page *b);
 
-int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page);
+/*
+ * Whom a read of a data block is made for: the cgroup and I/O priority
+ * of the write whose candidate it reads, so that io.max, io.weight and
+ * the I/O scheduler count it as that writer's, as they count its data
+ * writes. Without one (NULL) the read is the worker's.
+ */
+struct dd_data_owner {
+	struct cgroup_subsys_state *css;	/* NULL: the worker's */
+	unsigned short ioprio;
+};
+
+int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page,
+		       const struct dd_data_owner *owner);
 
 /* Blocks dd_data_read() reads in one call, at most. */
 #define DD_DATA_READS	64
@@ -111,6 +123,7 @@ struct dd_data_reads {
 
 unsigned int dd_data_read(struct block_device *bdev, struct bio_set *bs,
 			  const u64 *pba, struct page **page, int *error,
-			  unsigned int nr, struct dd_data_reads *rd);
+			  unsigned int nr, struct dd_data_reads *rd,
+			  const struct dd_data_owner *owner);
 
 #endif

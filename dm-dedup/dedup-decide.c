@@ -10,6 +10,7 @@
  */
 #define DM_MSG_PREFIX "dedup"
 
+#include <linux/blk-cgroup.h>
 #include <linux/blkdev.h>
 #include <linux/stringify.h>
 #include <linux/unaligned.h>
@@ -349,12 +350,24 @@ static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 /* the decision */
 
 /*
+ * Verify's reads are the writer's, as its data writes are (dd_submit_run):
+ * its bio's cgroup, or the one kept when it was acknowledged early. Read
+ * only while the write is being decided, when its bio cannot complete.
+ */
+static void dd_write_owner(const struct dd_write *w, struct dd_data_owner *o)
+{
+	o->css = w->bio ? bio_blkcg_css(w->bio) : w->css;
+	o->ioprio = w->ioprio;
+}
+
+/*
  * Does physical block @pba hold exactly the write's data, as long as
  * dc->reuse_seq is @seq?
  */
 static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b,
 			   u64 pba, u64 seq)
 {
+	struct dd_data_owner owner;
 	struct page *page;
 	int r;
 
@@ -365,7 +378,8 @@ static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b,
 	if (!page)
 		return -ENOMEM;
 	atomic64_inc(&dc->verify_reads);
-	r = dd_data_read_block(dc->data_dev->bdev, pba, page);
+	dd_write_owner(b->w, &owner);
+	r = dd_data_read_block(dc->data_dev->bdev, pba, page, &owner);
 	if (!r)
 		r = dd_data_equal(page, b->data);
 	__free_page(page);
@@ -672,6 +686,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 	const u8 *fp[DD_BIO_BLOCKS];	/* by block: the content to look up */
 	bool known[DD_BIO_BLOCKS], any = false, in_memory = false;
 	u8 order[DD_BIO_BLOCKS];
+	struct dd_data_owner owner;
 	struct dd_verified *v;
 	unsigned int i, j, k, m = 0, n = 0;
 
@@ -733,8 +748,10 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 	if (!n)
 		goto none;
 	up_read(&dc->lock);
+	dd_write_owner(blk->w, &owner);
 	atomic64_add(dd_data_read(dc->data_dev->bdev, &dc->bs, v->pba, v->page,
-				  v->error, n, &v->reads), &dc->verify_reads);
+				  v->error, n, &v->reads, &owner),
+		     &dc->verify_reads);
 	for (i = 0; i < nr; i++) {
 		k = v->read[i];
 		if (k != U8_MAX && !v->error[k] &&

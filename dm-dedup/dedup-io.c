@@ -816,6 +816,14 @@ static void dd_write_start(struct dedup_c *dc, struct bio *bio, u64 lba)
 	struct page **pages;
 	struct dd_write_block *b;
 
+	/*
+	 * dm core hands the target its clone without a cgroup: only a bio
+	 * it submits for the target (dm_submit_bio_remap) gets the original
+	 * bio's. Give the clone the cgroup of the task submitting it, here
+	 * in its context, so that the data writes and verify reads our
+	 * workers make for it are counted as that writer's.
+	 */
+	bio_associate_blkg(bio);
 	w->dc = dc;
 	w->bio = bio;
 	w->hints = bio->bi_opf & DD_DATA_HINTS;

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+import cgroups
 import ddlib
 from ddlib import run
 
@@ -492,6 +493,49 @@ def test_verify_compares_a_fresh_copy_in_memory(make_dedup, seed):
         want = {0: a, 1: a, 2: b, 3: e, 4: b, 5: a, 6: c, 7: c}
         assert {lba: bd.read(lba) for lba in want} == want
         assert bd.read_range(100, len(filler)) == filler
+    d.remove()
+
+
+@pytest.mark.parametrize("early_ack", [False, True], ids=["ack-when-done", "early-ack"])
+def test_verify_reads_are_the_writers(make_dedup, seed, early_ack):
+    """The write of a block's new data and the read verify makes of a
+    candidate block are made for the writer: the data device charges
+    both to the writer's cgroup (its io.stat), not to the target's
+    workers' root group, so that a limit such as io.max set for one VM's
+    group governs them. dm core hands the target a clone without a
+    cgroup; the target takes the submitting task's. With early_ack the
+    write is acknowledged before it is decided, and the cgroup kept for
+    its I/O."""
+    d = make_dedup(opts=["verify"] + (["early_ack"] if early_ack else []))
+    a, b = ddlib.block_data(seed, 1), ddlib.block_data(seed, 2)
+    # 256 other blocks stored after a: no copy of a is kept in memory
+    filler = [ddlib.block_data(seed, 1000 + i) for i in range(256)]
+    with ddlib.BlockDev(d.path) as bd:
+        bd.write(0, a)
+        bd.write_range(100, filler)
+        bd.fsync()
+    group = cgroups.IoGroup("ddt-verify-%d" % os.getpid())
+    try:
+        with ddlib.BlockDev(d.path) as bd:
+            before = verify_counts(d)
+            acked = int(d.stats()["early_acks_undecided"])
+            with group.joined():
+                bd.write(1, b)      # new data: its write is the group's
+                bd.write(2, a)      # a's copy: so is the read of a
+                bd.fsync()
+            got = tuple(x - y for x, y in zip(verify_counts(d), before))
+            assert got == (1, 1, 0, 1), "(unique, dup, mismatches, reads) %s" % (got,)
+            # early_ack: both acknowledged before their decision, so the
+            # I/O went out for the cgroup kept, not for the bio
+            acked = int(d.stats()["early_acks_undecided"]) - acked
+            assert acked == (2 if early_ack else 0)
+            io = group.io_stat(d.data)
+            seen = "%s on %s; the group's io.stat:\n%s" % (io, d.data, group.io_stat_text())
+            assert (io["wbytes"], io["wios"]) == (ddlib.BLOCK, 1), seen
+            assert (io["rbytes"], io["rios"]) == (ddlib.BLOCK, 1), seen
+            assert [bd.read(lba) for lba in range(3)] == [a, b, a]
+    finally:
+        group.remove()
     d.remove()
 
 
