@@ -1411,39 +1411,48 @@ static int dd_data_short(struct dd_metadata *md)
 }
 
 /*
- * Up to @want of the free blocks the count holds, taken from it before
- * the allocator, so that they never include a promised block: the count
- * never goes below zero, and the blocks physically free always cover the
- * promises. *@want becomes what was taken.
+ * Between @least and @most of the free blocks the count holds, as many
+ * as it has, taken from it: 0 when it has fewer than @least. The count
+ * never goes below zero, so that the blocks physically free always cover
+ * what was taken and promised.
  */
-static int dd_data_count_take(struct dd_metadata *md, u64 *want)
+static u64 dd_data_free_take(struct dd_metadata *md, u64 least, u64 most)
 {
 	s64 old = atomic64_read(&md->data_free), n;
 
 	do {
-		if (old <= 0)
-			return dd_data_short(md);
-		n = min_t(s64, old, *want);
+		if (old < (s64)least)
+			return 0;
+		n = min_t(s64, old, most);
 	} while (!atomic64_try_cmpxchg(&md->data_free, &old, old - n));
+	return n;
+}
+
+/*
+ * Up to @want of the free blocks the count holds, taken from it before
+ * the allocator, so that they never include a promised block. *@want
+ * becomes what was taken.
+ */
+static int dd_data_count_take(struct dd_metadata *md, u64 *want)
+{
+	u64 n = dd_data_free_take(md, 1, *want);
+
+	if (!n)
+		return dd_data_short(md);
 	*want = n;
 	return 0;
 }
 
 bool dd_md_promise_data(struct dd_metadata *md, u64 n)
 {
-	s64 old;
-
 	if (!n)
 		return true;
 	/* First, so that a writer finding the count short waits for them. */
 	atomic64_add(n, &md->data_promised);
-	old = atomic64_read(&md->data_free);
-	do {
-		if (old < (s64)n || READ_ONCE(md->read_only)) {
-			atomic64_sub(n, &md->data_promised);
-			return false;
-		}
-	} while (!atomic64_try_cmpxchg(&md->data_free, &old, old - n));
+	if (READ_ONCE(md->read_only) || !dd_data_free_take(md, n, n)) {
+		atomic64_sub(n, &md->data_promised);
+		return false;
+	}
 	return true;
 }
 
