@@ -233,8 +233,7 @@ bool dd_data_equal(struct page *a, struct page *b)
 	return same;
 }
 
-/* A bio made with a device is the submitting task's: make it @owner's. */
-static void dd_data_own(struct bio *bio, const struct dd_data_owner *owner)
+void dd_data_own(struct bio *bio, const struct dd_data_owner *owner)
 {
 	if (!owner)
 		return;

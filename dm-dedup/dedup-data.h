@@ -91,15 +91,20 @@ bool dd_data_is_zero(struct page *page);
 bool dd_data_equal(struct page *a, struct page *b);
 
 /*
- * Whom a read of a data block is made for: the cgroup and I/O priority
- * of the write whose candidate it reads, so that io.max, io.weight and
- * the I/O scheduler count it as that writer's, as they count its data
- * writes. Without one (NULL) the read is the worker's.
+ * Whom a data bio is made for: the cgroup and I/O priority of the write
+ * it stores or whose candidate it reads, so that limits such as io.max
+ * and the I/O scheduler count it as that writer's.
  */
 struct dd_data_owner {
 	struct cgroup_subsys_state *css;	/* NULL: the worker's */
 	unsigned short ioprio;
 };
+
+/*
+ * A bio made with a device is the submitting task's (a worker's): make
+ * it @owner's. A NULL @owner leaves it the worker's.
+ */
+void dd_data_own(struct bio *bio, const struct dd_data_owner *owner);
 
 int dd_data_read_block(struct block_device *bdev, u64 pba, struct page *page,
 		       const struct dd_data_owner *owner);

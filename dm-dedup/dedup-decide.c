@@ -10,7 +10,6 @@
  */
 #define DM_MSG_PREFIX "dedup"
 
-#include <linux/blk-cgroup.h>
 #include <linux/blkdev.h>
 #include <linux/stringify.h>
 #include <linux/unaligned.h>
@@ -348,17 +347,6 @@ static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 
 /* ------------------------------------------------------------------ */
 /* the decision */
-
-/*
- * Verify's reads are the writer's, as its data writes are (dd_submit_run):
- * its bio's cgroup, or the one kept when it was acknowledged early. Read
- * only while the write is being decided, when its bio cannot complete.
- */
-static void dd_write_owner(const struct dd_write *w, struct dd_data_owner *o)
-{
-	o->css = w->bio ? bio_blkcg_css(w->bio) : w->css;
-	o->ioprio = w->ioprio;
-}
 
 /*
  * Does physical block @pba hold exactly the write's data, as long as

@@ -412,6 +412,7 @@ static void dd_run_endio(struct bio *clone)
 static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run)
 {
 	struct dd_write *w = run->w;
+	struct dd_data_owner owner;
 	struct dd_write_block *b;
 	struct bio *clone;
 
@@ -419,15 +420,12 @@ static void dd_submit_run(struct dedup_c *dc, struct dd_write_block *run)
 	 * Durability comes from the commit, which flushes the data device.
 	 * Only hints are passed on: nobody polls this bio, and it is
 	 * submitted from a worker, so REQ_POLLED and REQ_NOWAIT do not apply.
-	 * A write acknowledged early has no bio any more, only its cgroup.
+	 * The write is its writer's, as verify's reads are.
 	 */
 	clone = bio_alloc_bioset(dc->data_dev->bdev, dd_run_len(run),
 				 REQ_OP_WRITE | w->hints, GFP_NOIO, &dc->bs);
-	if (w->bio)
-		bio_clone_blkg_association(clone, w->bio);
-	else if (w->css)
-		bio_associate_blkg_from_css(clone, w->css);
-	clone->bi_ioprio = w->ioprio;
+	dd_write_owner(w, &owner);
+	dd_data_own(clone, &owner);
 	clone->bi_iter.bi_sector = run->pba * DD_SECTORS_PER_BLOCK;
 	for (b = run; b; b = b->run_next)
 		__bio_add_page(clone, b->data, DD_BLOCK_SIZE, 0);

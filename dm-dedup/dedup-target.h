@@ -67,6 +67,7 @@
 #define DM_DEDUP_TARGET_H
 
 #include <linux/bio.h>
+#include <linux/blk-cgroup.h>
 #include <linux/device-mapper.h>
 #include <linux/hashtable.h>
 #include <linux/llist.h>
@@ -308,6 +309,19 @@ struct dd_write {
 	struct dd_write_block one;	/* a one-block write needs no batch */
 	struct page *one_page;
 };
+
+/*
+ * Whom the data bios made for @w are for (dd_data_own): its bio's cgroup,
+ * which the write took when it reached the target, or the one kept when
+ * it was acknowledged early. Asked while the write is in flight, when
+ * its bio cannot complete.
+ */
+static inline void dd_write_owner(const struct dd_write *w,
+				  struct dd_data_owner *o)
+{
+	o->css = w->bio ? bio_blkcg_css(w->bio) : w->css;
+	o->ioprio = w->ioprio;
+}
 
 /* Per block of a batch: the block, then (after all blocks) its page. */
 #define DD_BATCH_BYTES	(sizeof(struct dd_write_block) + sizeof(struct page *))
