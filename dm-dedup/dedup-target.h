@@ -93,6 +93,14 @@ enum dd_mode {
 
 extern const char * const dd_mode_names[];
 
+/* Batches of one-block writes hashed at once, at most (dedup-io.c). */
+#define DD_HASH_WORKERS		8
+
+struct dd_hash_worker {
+	struct work_struct work;
+	struct dedup_c *dc;
+};
+
 struct dedup_c {
 	/* dm-dedup-target.c: set up by the constructor, then read-only */
 	struct dm_target *ti;
@@ -201,6 +209,11 @@ struct dedup_c {
 
 	/* dedup-io.c */
 	struct dd_cells cells;		/* writes and discards in flight */
+	struct llist_head to_hash;	/* one-block writes waiting for their hash */
+	/* hash and decide them a batch each, in turn */
+	struct dd_hash_worker hash_work[DD_HASH_WORKERS];
+	unsigned int hash_workers;	/* of them, used: one per CPU */
+	atomic_t hash_turn;		/* the next to queue */
 	struct llist_head to_write;	/* runs waiting for their data bio */
 	struct work_struct write_work;	/* submits them, a batch at a time */
 	struct llist_head stored;	/* runs whose data write completed */
@@ -297,6 +310,9 @@ struct dd_write {
 	unsigned short ioprio;
 	struct cgroup_subsys_state *css;	/* its cgroup once acknowledged */
 	struct work_struct work;	/* its decision, after waiting its turn */
+	struct llist_node hash_node;	/* a one-block write on dc->to_hash */
+	struct list_head ready;		/* in its hash batch: its turn came */
+	bool ack_decided;		/* early_ack: try again once decided */
 	struct dd_cell cell;		/* its turn: see dedup-cell.h */
 	struct dd_write_block *blk;		/* nr of them: one inline, or a batch */
 	unsigned int nr;

@@ -115,8 +115,11 @@ def _check_contents(path, seed, allowed):
     return held
 
 
-@pytest.mark.parametrize("opts", [(), ("hash", "crc32c", "verify")],
-                         ids=["sha256", "crc32c-verify"])
+# With early_ack, one-block writes are hashed and decided in batches
+# (dd_hash_batch_work), acknowledged before they are decided.
+@pytest.mark.parametrize("opts", [(), ("hash", "crc32c", "verify"),
+                                  ("hash", "xxhash64", "verify", "early_ack")],
+                         ids=["sha256", "crc32c-verify", "xxhash64-verify-early_ack"])
 def test_concurrent_writers_overlapping_ranges(make_dedup, backing, seed, opts):
     dd = make_dedup(16, 64, 64, opts=list(opts))
     outs = [os.path.join(backing.tmpfs, "writer%d-%d.log" % (w, os.getpid()))
@@ -226,7 +229,8 @@ def test_concurrent_writers_of_new_content_store_it_once(make_dedup, seed, opts)
 ORDER_ROUNDS = 600
 
 
-def test_overlapping_writes_in_flight_take_effect_in_submission_order(make_dedup, seed):
+@pytest.mark.parametrize("opts", [(), ("early_ack",)], ids=["default", "early_ack"])
+def test_overlapping_writes_in_flight_take_effect_in_submission_order(make_dedup, seed, opts):
     """Round r: eight O_DIRECT writes of 1-4 blocks within the same four
     blocks, each block new content, a duplicate or zeros, submitted at once:
     every block must read back as the last write to it wrote it. (The build
@@ -234,10 +238,13 @@ def test_overlapping_writes_in_flight_take_effect_in_submission_order(make_dedup
     duplicate submitted last lost to new data submitted before it whenever
     that data's write finished later.)"""
     orderwrite = ddlib.build_helper("orderwrite")
-    dd = make_dedup(16, 64, 64)
+    dd = make_dedup(16, 64, 64, opts=list(opts))
     p = run([orderwrite, dd.path, str(ORDER_ROUNDS), str(seed)], check=False,
             timeout=1200)
     ddlib.report("order: " + (p.stdout.strip().splitlines() or ["no output"])[-1])
     assert p.returncode == 0, "blocks read back wrong:\n%s%s" % (p.stdout[-4000:], p.stderr)
     # The writes really were in flight together: some waited their turn.
-    assert int(dd.stats()["ordered_waits"]) > 0
+    stats = dd.stats()
+    assert int(stats["ordered_waits"]) > 0, stats
+    if opts:
+        assert int(stats["early_acks"]) > 0, stats
