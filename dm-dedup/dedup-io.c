@@ -829,15 +829,18 @@ static void dd_hash_work(struct work_struct *work)
  * time: a hash worker takes every one waiting, so that a random 4 KiB
  * writer at queue depth 32 wakes a worker for a batch, not for each
  * write, and the batch acknowledges all it can early before its first
- * decision, which may wait for a commit. The device's hash workers take
- * turns, one per CPU, so that batches are still hashed on several CPUs
- * when one cannot keep up. Without early_ack a write completes only once
- * decided, and its own work item lets it be decided beside the others:
- * batches measured 5 % slower there (Documentation/benchmarks.rst).
+ * decision, which may wait for a commit. A new batch goes to an idle
+ * hash worker (dd_hash_batch_add), so that batches are hashed on several
+ * CPUs when one worker cannot keep up, and while one worker waits in a
+ * decision the next batch is still acknowledged. Without early_ack a
+ * write completes only once decided, and its own work item lets it be
+ * decided beside the others: batches measured 5 % slower there
+ * (Documentation/benchmarks.rst).
  */
 static void dd_hash_batch_work(struct work_struct *work)
 {
-	struct dedup_c *dc = container_of(work, struct dd_hash_worker, work)->dc;
+	struct dd_hash_worker *hw = container_of(work, struct dd_hash_worker, work);
+	struct dedup_c *dc = hw->dc;
 	struct llist_node *node = llist_reverse_order(llist_del_all(&dc->to_hash));
 	struct dd_write *w, *next;
 	LIST_HEAD(ready);
@@ -852,17 +855,24 @@ static void dd_hash_batch_work(struct work_struct *work)
 	}
 	list_for_each_entry_safe(w, next, &ready, ready)
 		dd_write_decide(w);
+	clear_bit(hw - dc->hash_work, &dc->hash_busy);
 }
 
-/* The first write of a new batch wakes the next hash worker. */
+/*
+ * The first write of a new batch wakes a hash worker that is idle, so
+ * that its batch is not acknowledged only once another batch is decided;
+ * with all of them busy, the first takes it next.
+ */
 static void dd_hash_batch_add(struct dedup_c *dc, struct dd_write *w)
 {
-	unsigned int turn;
+	unsigned int i;
 
 	if (!llist_add(&w->hash_node, &dc->to_hash))
 		return;
-	turn = (unsigned int)atomic_inc_return(&dc->hash_turn);
-	queue_work(dc->wq, &dc->hash_work[turn % dc->hash_workers].work);
+	for (i = 0; i < DD_HASH_WORKERS - 1; i++)
+		if (!test_and_set_bit(i, &dc->hash_busy))
+			break;
+	queue_work(dc->wq, &dc->hash_work[i].work);
 }
 
 /*
@@ -965,8 +975,7 @@ void dd_io_init(struct dedup_c *dc)
 	dd_cells_init(&dc->cells);
 	atomic_set(&dc->writes_inflight, 0);
 	init_llist_head(&dc->to_hash);
-	dc->hash_workers = min(num_online_cpus(), DD_HASH_WORKERS);
-	atomic_set(&dc->hash_turn, 0);
+	dc->hash_busy = 0;
 	for (i = 0; i < DD_HASH_WORKERS; i++) {
 		dc->hash_work[i].dc = dc;
 		INIT_WORK(&dc->hash_work[i].work, dd_hash_batch_work);

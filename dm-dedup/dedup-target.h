@@ -93,7 +93,7 @@ enum dd_mode {
 
 extern const char * const dd_mode_names[];
 
-/* Batches of one-block writes hashed at once, at most (dedup-io.c). */
+/* Batches of one-block writes in hand at once, at most (dedup-io.c). */
 #define DD_HASH_WORKERS		8
 
 struct dd_hash_worker {
@@ -210,10 +210,9 @@ struct dedup_c {
 	/* dedup-io.c */
 	struct dd_cells cells;		/* writes and discards in flight */
 	struct llist_head to_hash;	/* one-block writes waiting for their hash */
-	/* hash and decide them a batch each, in turn */
+	/* hash and decide them a batch each */
 	struct dd_hash_worker hash_work[DD_HASH_WORKERS];
-	unsigned int hash_workers;	/* of them, used: one per CPU */
-	atomic_t hash_turn;		/* the next to queue */
+	unsigned long hash_busy;	/* a bit per worker: queued or running */
 	struct llist_head to_write;	/* runs waiting for their data bio */
 	struct work_struct write_work;	/* submits them, a batch at a time */
 	struct llist_head stored;	/* runs whose data write completed */
