@@ -847,7 +847,6 @@ static void dd_hash_batch_work(struct work_struct *work)
 
 	llist_for_each_entry_safe(w, next, node, hash_node) {
 		dd_hash_into(dc, &w->blk[0]);
-		atomic_set(&w->hashing, 0);
 		if (dd_cell_arm(&dc->cells, &w->cell)) {
 			w->ack_decided = dd_ack_before_decision(dc, w);
 			list_add_tail(&w->ready, &ready);

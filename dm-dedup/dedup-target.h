@@ -315,7 +315,7 @@ struct dd_write {
 	struct dd_cell cell;		/* its turn: see dedup-cell.h */
 	struct dd_write_block *blk;		/* nr of them: one inline, or a batch */
 	unsigned int nr;
-	atomic_t hashing;		/* chunks of blocks still being hashed */
+	atomic_t hashing;		/* chunks still being hashed (dd_hash_work) */
 	atomic_t pending;		/* blocks not yet done */
 	int error;			/* the first block's error that failed */
 	atomic64_t append;		/* the append its changes go with */
