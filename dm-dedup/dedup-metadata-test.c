@@ -2673,6 +2673,45 @@ static void dd_md_test_journal_wrap(struct kunit *test)
 }
 
 /*
+ * Appends of more blocks than the journal keeps spare (16): the first
+ * fills new blocks, the second the spare ones and new ones again, and
+ * replay finds every record of both, in order.
+ */
+static void dd_md_test_journal_many_blocks(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 3000);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u64 *pba = kunit_kcalloc(test, 1000, sizeof(u64), GFP_KERNEL);
+	u64 i, used, first;
+
+	KUNIT_ASSERT_NOT_NULL(test, pba);
+	for (i = 0; i < 1000; i++)
+		dd_test_write(test, md, i, i);
+	dd_test_append(test, md);
+	first = dd_test_stats(md).journal_used;
+	/* 72 bytes of records per new block: more than 16 blocks */
+	KUNIT_EXPECT_GT(test, first, 16);
+	for (i = 0; i < 1000; i++)	/* each frees the block it replaces */
+		pba[i] = dd_test_write(test, md, i, 5000 + i);
+	dd_test_append(test, md);
+	used = dd_test_stats(md).journal_used;
+	KUNIT_EXPECT_GT(test, used - first, first);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_appends, 2);
+	dd_test_md_close(test, md);		/* a crash: nothing committed */
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, used);
+	for (i = 0; i < 1000; i++) {
+		dd_test_expect_map(test, md, i, pba[i]);
+		KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, pba[i]), 1);
+	}
+	dd_test_expect_fp(test, md, pba[999], 5999);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).mapped, 1000);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 1000);
+}
+
+/*
  * Format version 1 (no journal) opens read-only as it is, and a
  * read-write open upgrades it: the commit after the load writes version 2.
  */
@@ -2759,6 +2798,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_journal_unflushed),
 	KUNIT_CASE(dd_md_test_journal_upgrade),
 	KUNIT_CASE_SLOW(dd_md_test_journal_wrap),
+	KUNIT_CASE(dd_md_test_journal_many_blocks),
 	KUNIT_CASE_SLOW(dd_md_test_commit_churn),
 	{}
 };
