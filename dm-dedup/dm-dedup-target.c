@@ -9,6 +9,7 @@
  */
 #define DM_MSG_PREFIX "dedup"
 
+#include <linux/cpumask.h>
 #include <linux/module.h>
 #include <linux/slab.h>
 
@@ -601,7 +602,16 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	mutex_unlock(&dd_instances_lock);
 	if (r)
 		goto bad;
-	dc->wq = alloc_workqueue("dedup-io", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+	/*
+	 * As many work items at once as CPUs: more only take turns on the
+	 * metadata locks, and a holder switched out for one of them stalls
+	 * the others (Documentation/benchmarks.rst, "As many I/O workers as
+	 * CPUs"). No work item here waits for another: the commit, which
+	 * they wait for through dc->lock, runs on its own queue and waits
+	 * only for I/O.
+	 */
+	dc->wq = alloc_workqueue("dedup-io", WQ_UNBOUND | WQ_MEM_RECLAIM,
+				 max(2U, num_online_cpus()));
 	dc->read_wq = alloc_workqueue("dedup-read", WQ_UNBOUND | WQ_MEM_RECLAIM,
 				      1);
 	dc->commit_wq = alloc_ordered_workqueue("dedup-commit", WQ_MEM_RECLAIM);
