@@ -832,7 +832,8 @@ static void dd_hash_work(struct work_struct *work)
  * decision, which may wait for a commit. A new batch goes to an idle
  * hash worker (dd_hash_batch_add), so that batches are hashed on several
  * CPUs when one worker cannot keep up, and while one worker waits in a
- * decision the next batch is still acknowledged. Without early_ack a
+ * decision the next batch is still acknowledged, if the workqueue has a
+ * slot free for it (one per CPU, see dedup_ctr). Without early_ack a
  * write completes only once decided, and its own work item lets it be
  * decided beside the others: batches measured 5 % slower there
  * (Documentation/benchmarks.rst).

@@ -606,9 +606,10 @@ static int dedup_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	 * As many work items at once as CPUs: more only take turns on the
 	 * metadata locks, and a holder switched out for one of them stalls
 	 * the others (Documentation/benchmarks.rst, "As many I/O workers as
-	 * CPUs"). No work item here waits for another: the commit, which
-	 * they wait for through dc->lock, runs on its own queue and waits
-	 * only for I/O.
+	 * CPUs"). No work item here waits for one still queued: the
+	 * commit, which they wait for through dc->lock, runs on its own
+	 * queue and waits only for I/O and for the steps holding dc->lock
+	 * shared, which wait for nothing queued here either.
 	 */
 	dc->wq = alloc_workqueue("dedup-io", WQ_UNBOUND | WQ_MEM_RECLAIM,
 				 max(2U, num_online_cpus()));
