@@ -51,16 +51,15 @@ NB = 1024                       # raw workload: LBAs used (4 MiB)
 TRIALS = ddlib.TORTURE_TRIALS
 # The small-fsync workload: LBAs, fsyncs, and crash points examined. Its
 # journal holds 64 blocks and each fsync appends one: the test command's
-# 150 fsyncs wrap it more than twice (the test asserts two wraps) and 40
-# points take about four minutes (64 points took 418 s, and the log-writes
-# tests were 24 of the whole run's 50 minutes); make torture: 360 fsyncs,
-# over five rings, and 120 points.
+# 150 fsyncs wrap it 2.3 times (the test asserts two wraps) and 40 points
+# took 210 s on a slow TCG host (200 fsyncs and 64 points took 418 s);
+# make torture: 360 fsyncs, over five rings, and 120 points.
 DB_LBAS = 16
 DB_FSYNCS, DB_POINTS = (360, 120) if TRIALS else (150, 40)
 # Files per filesystem workload; make torture examines 40 per trial. With
-# the test command's 10, about 80 crash points (14 gave 110 and 83, in 389 s
-# on ext4 and 273 s on XFS: 3.5 s a point): each workload stays well inside
-# the 900 s per-test limit, and the whole run inside the guide's hour.
+# the test command's 10, about 90 crash points on ext4 and 75 on XFS, in
+# 278 s and 248 s on a slow TCG host (14 gave 110 and 83 in 389 s and
+# 273 s): each workload stays well inside the 900 s per-test limit.
 FS_FILES = 40 if TRIALS else 10
 # `dedup check --data` on the recovered scratch copy: after every Nth
 # read-write examination (and the last one) of a workload.
