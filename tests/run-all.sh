@@ -22,7 +22,7 @@
 #   GUEST_TIMEOUT    guest time limit in seconds (default 4200: the installs
 #                    and host stages of a bare machine take about 16
 #                    minutes, so a slow TCG host still ends inside CI's 90;
-#                    the suite itself should take 40 to 45, see README)
+#                    README gives the times measured)
 #   SKIP_DEPS=1      skip install-deps.sh;  SKIP_BUILD=1  skip make
 #   SKIP_HOST=1      skip the host stages
 set -euo pipefail

@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
 # Every test of the userspace tools: formatting, lints, unit and end-to-end
 # tests (including the deterministic stand-in for the fuzz targets).
-# Exits non-zero on the first failure.
-# TOOLS_JOBS: cargo's parallel jobs (default: every CPU, as CI runs this
-# before it boots the guest; set 1 when a guest is timing something).
+# Exits non-zero on the first failure. Cargo uses every CPU (CI runs this
+# before it boots the guest); CARGO_BUILD_JOBS=1 spares a guest that is
+# timing something.
 set -euo pipefail
-JOBS=${TOOLS_JOBS:-$(nproc)}
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy (warnings are errors)"
-cargo clippy -j"$JOBS" --all-targets --locked -- -D warnings
+cargo clippy --all-targets --locked -- -D warnings
 
 echo "== cargo test"
-cargo test -j"$JOBS" --locked
+cargo test --locked
 
 # The fuzz crate must at least build when a nightly toolchain and
 # cargo-fuzz are there (it is not part of the stable workspace).
 if [ "${DEDUP_FUZZ_BUILD:-0}" = 1 ]; then
 	echo "== cargo +nightly fuzz build"
-	(cd fuzz && CARGO_BUILD_JOBS=$JOBS cargo +nightly fuzz build)
+	(cd fuzz && cargo +nightly fuzz build)
 fi
 
 echo "== all tools tests passed"
