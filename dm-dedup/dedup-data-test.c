@@ -159,9 +159,9 @@ static void dd_data_test_equal(struct kunit *test)
 
 /*
  * A stored block's copy kept for verify answers only for its own
- * physical block, its own tag and its own bytes; a later block stored
- * in the same slot replaces it, and a question with a newer tag lets it
- * go. The pool frees what it kept.
+ * physical block and its own tag: same bytes or other bytes. A later
+ * block stored in the same slot replaces it, and a question with a newer
+ * tag lets it go. The pool frees what it kept.
  */
 static void dd_data_test_stored(struct kunit *test)
 {
@@ -173,23 +173,28 @@ static void dd_data_test_stored(struct kunit *test)
 	KUNIT_ASSERT_NOT_NULL(test, data);
 	memset(data, 0x5a, DD_BLOCK_SIZE);
 	a = dd_test_copy(pool, &dd_test_bio(test, data, 1)->bio);
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, a));
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, 5, 1, a), DD_KEPT_NONE);
 	kept = dd_test_copy(pool, &dd_test_bio(test, data, 2)->bio);
 	dd_data_keep_stored(pool, 5, 1, kept);
-	KUNIT_EXPECT_TRUE(test, dd_data_stored_equal(pool, 5, 1, a));
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 2, a));
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 6, 1, a));
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, 5, 1, a), DD_KEPT_SAME);
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, 6, 1, a), DD_KEPT_NONE);
 	data[0] ^= 1;
 	b = dd_test_copy(pool, &dd_test_bio(test, data, 3)->bio);
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, b));
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, 5, 1, b),
+			DD_KEPT_DIFFERENT);
 	/* The same slot: the newer block's copy replaces the older one's. */
 	kept = dd_test_copy(pool, &dd_test_bio(test, data, 1)->bio);
 	dd_data_keep_stored(pool, other, 1, kept);
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, 5, 1, a));
-	KUNIT_EXPECT_TRUE(test, dd_data_stored_equal(pool, other, 1, b));
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, 5, 1, a), DD_KEPT_NONE);
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 1, b),
+			DD_KEPT_SAME);
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 1, a),
+			DD_KEPT_DIFFERENT);
 	/* Asked with a newer tag, it is let go: an older one finds nothing. */
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, other, 2, b));
-	KUNIT_EXPECT_FALSE(test, dd_data_stored_equal(pool, other, 1, b));
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 2, b),
+			DD_KEPT_NONE);
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 1, b),
+			DD_KEPT_NONE);
 	KUNIT_EXPECT_NULL(test, pool->stored[other % DD_DATA_STORED].page);
 	dd_data_put(pool, b);
 	dd_data_put(pool, a);

@@ -191,17 +191,18 @@ void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
 		dd_data_put(pool, old);
 }
 
-bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
-			  struct page *page)
+enum dd_data_kept dd_data_stored_compare(struct dd_data_pool *pool, u64 pba,
+					 u64 tag, struct page *page)
 {
 	struct dd_data_stored *s = dd_data_slot(pool, pba);
+	enum dd_data_kept kept = DD_KEPT_NONE;
 	struct page *stale = NULL;
-	bool same;
 
 	/* Compared under the lock: the next block stored here replaces it. */
 	spin_lock(&s->lock);
-	same = s->page && s->pba == pba && s->tag == tag &&
-	       dd_data_equal(s->page, page);
+	if (s->page && s->pba == pba && s->tag == tag)
+		kept = dd_data_equal(s->page, page) ? DD_KEPT_SAME :
+						      DD_KEPT_DIFFERENT;
 	/* Tags only grow: an older one's copy will never count again. */
 	if (s->page && s->tag < tag) {
 		stale = s->page;
@@ -210,7 +211,7 @@ bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
 	spin_unlock(&s->lock);
 	if (stale)
 		dd_data_put(pool, stale);
-	return same;
+	return kept;
 }
 
 bool dd_data_is_zero(struct page *page)

@@ -74,18 +74,25 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page);
 /*
  * @page holds what physical block @pba holds, for as long as the
  * caller's @tag stands (dm-dedup: until a commit lets freed blocks be
- * written again; tags only grow): kept for dd_data_stored_equal(), and
+ * written again; tags only grow): kept for dd_data_stored_compare(), and
  * no longer the caller's. Under memory pressure it goes back to the
  * pool instead, and so does the copy its slot held.
  */
 void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
 			 struct page *page);
+/* What a kept copy tells of a physical block's bytes. */
+enum dd_data_kept {
+	DD_KEPT_NONE,		/* no copy of it kept with the tag: read it */
+	DD_KEPT_SAME,		/* it holds @page's bytes */
+	DD_KEPT_DIFFERENT,	/* it holds other bytes: no read needed */
+};
+
 /*
- * Does a copy kept with @tag show that @pba holds @page's bytes? A copy
- * found with an older tag is let go.
+ * Does a copy kept with @tag show whether @pba holds @page's bytes? A
+ * copy found with an older tag is let go.
  */
-bool dd_data_stored_equal(struct dd_data_pool *pool, u64 pba, u64 tag,
-			  struct page *page);
+enum dd_data_kept dd_data_stored_compare(struct dd_data_pool *pool, u64 pba,
+					 u64 tag, struct page *page);
 
 bool dd_data_is_zero(struct page *page);
 bool dd_data_equal(struct page *a, struct page *b);

@@ -278,27 +278,40 @@ static void dd_inflight_leave(struct dedup_c *dc, struct dd_write_block *b)
 }
 
 /*
- * Writers of the same content as @b, which left the table, decide again,
- * now against the index. When @b's data was stored and mapped (@stored),
- * verify compares each with @b's data here, both pages in memory: a
- * copy of a block whose own write was still in flight then shares it
- * without a read. (fio repeats buffers that are still in flight; read
- * one block at a time, they cost a sequential copy most of its speed.)
+ * @b's data was stored and mapped: under verify, each writer of the same
+ * content waiting behind it is compared with @b's data here, both pages
+ * in memory, before that page is kept or let go. A copy of a block whose
+ * own write was still in flight then shares it without a read. (fio
+ * repeats buffers that are still in flight; read one block at a time,
+ * they cost a sequential copy most of its speed.)
  */
-static void dd_inflight_wake(struct dedup_c *dc, struct dd_write_block *b,
-			     bool stored)
+static void dd_inflight_twins(struct dedup_c *dc, struct dd_write_block *b)
 {
-	struct dd_write_block *waiter, *tmp;
+	struct dd_write_block *waiter;
 
 	/* What reuse_seq is worth: the lock holds it still. */
 	lockdep_assert_held_read(&dc->lock);
-	/* Their work is the block's own (dedup-io.c): it decides again. */
-	list_for_each_entry_safe(waiter, tmp, &b->waiters, wait_entry) {
-		list_del_init(&waiter->wait_entry);
-		if (stored && dc->verify && dd_data_equal(waiter->data, b->data)) {
+	if (!dc->verify)
+		return;
+	list_for_each_entry(waiter, &b->waiters, wait_entry) {
+		if (dd_data_equal(waiter->data, b->data)) {
 			waiter->twin = b->pba + 1;
 			waiter->twin_seq = dc->reuse_seq;
 		}
+	}
+}
+
+/*
+ * Writers of the same content as @b, which left the table, decide again,
+ * now against the index. No writer joins @b->waiters any more.
+ */
+static void dd_inflight_wake(struct dedup_c *dc, struct dd_write_block *b)
+{
+	struct dd_write_block *waiter, *tmp;
+
+	/* Their work is the block's own (dedup-io.c): it decides again. */
+	list_for_each_entry_safe(waiter, tmp, &b->waiters, wait_entry) {
+		list_del_init(&waiter->wait_entry);
 		queue_work(dc->wq, &waiter->work);
 	}
 }
@@ -342,7 +355,7 @@ static void dd_inflight_cancel(struct dedup_c *dc, struct dd_write_block *b)
 	spin_lock(&dc->index_lock);
 	dd_inflight_leave(dc, b);
 	spin_unlock(&dc->index_lock);
-	dd_inflight_wake(dc, b, false);
+	dd_inflight_wake(dc, b);
 }
 
 /* ------------------------------------------------------------------ */
@@ -359,8 +372,14 @@ static int dd_same_content(struct dedup_c *dc, struct dd_write_block *b,
 	struct page *page;
 	int r;
 
-	if (dd_data_stored_equal(&dc->data_pool, pba, seq, b->data))
+	switch (dd_data_stored_compare(&dc->data_pool, pba, seq, b->data)) {
+	case DD_KEPT_SAME:
 		return 1;
+	case DD_KEPT_DIFFERENT:
+		return 0;
+	case DD_KEPT_NONE:
+		break;
+	}
 	/* Short of memory, store a copy rather than wait for memory. */
 	page = alloc_page(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!page)
@@ -639,6 +658,30 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
 		dd_check_writeback(dc);
 }
 
+/*
+ * The first holder of @b's content, @pba, has other bytes: its copy kept
+ * in memory says so (a collision of a short hash). Another holder in the
+ * same leaf may have its copy kept too, and be equal: PBA + 1 of that
+ * one, or 0, and the block's own steps (dd_try_dedup) compare the rest.
+ * Either way, nothing is read here for a holder known to differ.
+ */
+static u64 dd_kept_other_holder(struct dedup_c *dc, struct dd_write_block *b,
+				u64 pba)
+{
+	u64 holder[DD_MD_HOLDERS_MAX];
+	int i, n;
+
+	lockdep_assert_held_read(&dc->lock);
+	n = dd_md_find_holders(dc->md, dd_index_leaf_of(pba), b->fp, holder,
+			       ARRAY_SIZE(holder));
+	for (i = 0; i < n; i++)
+		if (holder[i] != pba &&
+		    dd_data_stored_compare(&dc->data_pool, holder[i],
+					   dc->reuse_seq, b->data) == DD_KEPT_SAME)
+			return holder[i] + 1;
+	return 0;
+}
+
 /* What verify compared for the blocks of one write (dd_verify_write). */
 struct dd_verified {
 	u64 seq;		/* dc->reuse_seq when the reads were made */
@@ -657,8 +700,8 @@ struct dd_verified {
  * first candidate leaf, all read at once without the transaction lock, in
  * disk order (a sequential copy finds its candidates side by side: one
  * read per run). A block its leader woke and found equal needs no read
- * (dd_inflight_wake), nor one whose holder was stored lately and still
- * has its copy in memory (dd_data_keep_stored).
+ * (dd_inflight_twins), nor one whose holder was stored lately and still
+ * has its copy in memory (dd_data_keep_stored), equal or not.
  * NULL when none could be compared: no known block, short of memory, or
  * a commit during the reads let freed blocks be reused (dc->reuse_seq,
  * as in dd_share). A block left without an equal holder goes its own
@@ -706,11 +749,18 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 		if (at[i] == DD_MD_NO_HOLDER)
 			continue;
 		/* Stored lately, its copy may still be in memory: no read. */
-		if (dd_data_stored_equal(&dc->data_pool, at[i], dc->reuse_seq,
-					 blk[i].data)) {
+		switch (dd_data_stored_compare(&dc->data_pool, at[i],
+					       dc->reuse_seq, blk[i].data)) {
+		case DD_KEPT_SAME:
 			v->same[i] = at[i] + 1;
 			in_memory = true;
 			continue;
+		case DD_KEPT_DIFFERENT:
+			v->same[i] = dd_kept_other_holder(dc, &blk[i], at[i]);
+			in_memory |= !!v->same[i];
+			continue;
+		case DD_KEPT_NONE:
+			break;
 		}
 		/* In the order of the holders, so that neighbours share a read. */
 		for (j = m++; j && at[order[j - 1]] > at[i]; j--)
@@ -1013,14 +1063,16 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 		for (b = runs[i]; b; b = b->run_next)
 			dd_inflight_leave(dc, b);
 	spin_unlock(&dc->index_lock);
-	for (i = 0; i < kept; i++)
-		for (b = runs[i]; b; b = b->run_next)
-			dd_inflight_wake(dc, b, !b->error);
+	for (i = 0; i < nr_todo; i++)
+		if (!todo[i]->error)
+			dd_inflight_twins(dc, todo[i]);
 	/*
 	 * Under verify, copies of a block just stored tend to come soon
 	 * after it: its page is kept to compare them with. What the block
 	 * holds stays as it is at least until a commit lets it be reused
 	 * (reuse_seq moves), which the lock holds off until the page is kept.
+	 * Kept before its waiters wake: one that differs from it is then
+	 * told so without a read.
 	 */
 	if (dc->verify) {
 		for (i = 0; i < nr_todo; i++) {
@@ -1032,6 +1084,9 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 			b->data = NULL;
 		}
 	}
+	for (i = 0; i < kept; i++)
+		for (b = runs[i]; b; b = b->run_next)
+			dd_inflight_wake(dc, b);
 	append = dd_change_append(dc);
 	for (i = 0; i < nr_todo; i++)
 		dd_raise(&todo[i]->w->append, append);
