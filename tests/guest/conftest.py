@@ -13,6 +13,7 @@ Environment:
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -84,10 +85,12 @@ def kmsg_check(request):
         if ddlib.dm_devices_with_target("dedup"):
             unload = "dedup devices left behind: %s" % ddlib.dm_devices_with_target("dedup")
         else:
+            t0 = time.monotonic()
             p = ddlib.run(["rmmod", "dm_dedup"], check=False)
             if p.returncode:
                 unload = "rmmod dm_dedup failed: %s" % p.stderr.strip()
             ddlib.load_dedup_module()
+            ddlib.spent("(module reload after a test)", time.monotonic() - t0)
     bad = k.bad_lines()
     k.close()
     if bad:
@@ -121,7 +124,9 @@ def backing(kmsg_check):
     removes all dm devices named ddt*, detaches the loops, deletes files."""
     b = ddlib.Backing()
     yield b
+    t0 = time.monotonic()
     errors = b.cleanup()
+    ddlib.spent("(backing devices' cleanup after a test)", time.monotonic() - t0)
     if errors:
         pytest.fail("cleanup: " + "; ".join(errors), pytrace=False)
 
@@ -214,6 +219,9 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line("  %s: %s" % (outcome, nodeid))
     for line in ddlib.REPORT:
         terminalreporter.write_line(line)
+    top = sorted(ddlib.SPENT.items(), key=lambda kv: -kv[1][1])[:15]
+    terminalreporter.write_line("the suite's own steps, most time first (calls, seconds): " +
+                                "; ".join("%s %d %.0f" % (k, c, t) for k, (c, t) in top))
     terminalreporter.write_line(
         "metadata devices checked clean by `dedup check`: %d (%d with --data: every live "
         "data block matched its fingerprint)" % (ddlib.METADATA_CHECKS, ddlib.DATA_CHECKS))

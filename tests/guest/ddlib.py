@@ -55,11 +55,37 @@ class CmdError(AssertionError):
     pass
 
 
+# Where the suite's own time goes (the end of the run lists the largest):
+# {what: [calls, seconds]} by command and its first argument.
+SPENT = {}
+
+
+def spent(what, seconds):
+    s = SPENT.setdefault(what, [0, 0.0])
+    s[0] += 1
+    s[1] += seconds
+
+
+def _command_name(cmd, shell):
+    words = cmd.split() if shell else [str(w) for w in cmd]
+    if not words:
+        return "?"
+    name = os.path.basename(words[0])
+    # the verb: "dmsetup remove", "dedup check", but not a path or an option
+    if len(words) > 1 and re.match(r"^[a-z][a-z_-]*$", words[1]):
+        name += " " + words[1]
+    return name
+
+
 def run(cmd, check=True, input=None, timeout=300, quiet=False):
     """Run a command (list or shell string); return CompletedProcess (text)."""
     shell = isinstance(cmd, str)
-    p = subprocess.run(cmd, shell=shell, input=input, capture_output=True,
-                       text=True, timeout=timeout)
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, shell=shell, input=input, capture_output=True,
+                           text=True, timeout=timeout)
+    finally:
+        spent(_command_name(cmd, shell), time.monotonic() - t0)
     if check and p.returncode != 0:
         raise CmdError("command failed (%d): %s\nstdout: %s\nstderr: %s" % (
             p.returncode, cmd if shell else " ".join(map(str, cmd)),
@@ -145,15 +171,26 @@ def module_loaded(name="dm_dedup"):
     return os.path.isdir("/sys/module/" + name)
 
 
+# The modules load_dedup_module() has seen to, by module file: the suite
+# reloads dm-dedup after every test, and asking modprobe again for each
+# module it needs cost more than the reload itself.
+_DEPS_DONE = {}
+
+
 def load_dedup_module(ko=None):
     ko = ko or DEDUP_KO
     if not os.path.isfile(ko):
         raise AssertionError("dm-dedup module not found: %s (build it with make)" % ko)
-    for m in BASE_MODULES:
-        run(["modprobe", m], check=False)       # some may not exist; fine
-    deps = run(["modinfo", "-F", "depends", ko], check=False).stdout.strip()
-    for d in filter(None, deps.split(",")):
-        modprobe(d)
+    if ko not in _DEPS_DONE:
+        for m in BASE_MODULES:
+            run(["modprobe", m], check=False)   # some may not exist; fine
+        deps = run(["modinfo", "-F", "depends", ko], check=False).stdout.strip()
+        _DEPS_DONE[ko] = list(filter(None, deps.split(",")))
+        modprobe(*_DEPS_DONE[ko])
+    else:
+        # the same modules, unless one went away (insmod would fail)
+        modprobe(*[d for d in _DEPS_DONE[ko]
+                   if not module_loaded(d.replace("-", "_"))])
     if not module_loaded():
         run(["insmod", ko])
     assert module_loaded(), "dm_dedup not in /sys/module after insmod"
