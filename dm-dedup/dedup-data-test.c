@@ -190,6 +190,10 @@ static void dd_data_test_stored(struct kunit *test)
 			DD_KEPT_SAME);
 	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 1, a),
 			DD_KEPT_DIFFERENT);
+	/* Asked with an older tag, it answers nothing and stays. */
+	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 0, b),
+			DD_KEPT_NONE);
+	KUNIT_EXPECT_NOT_NULL(test, pool->stored[other % DD_DATA_STORED].page);
 	/* Asked with a newer tag, it is let go: an older one finds nothing. */
 	KUNIT_EXPECT_EQ(test, dd_data_stored_compare(pool, other, 2, b),
 			DD_KEPT_NONE);

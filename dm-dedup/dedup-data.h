@@ -80,6 +80,7 @@ void dd_data_put(struct dd_data_pool *pool, struct page *page);
  */
 void dd_data_keep_stored(struct dd_data_pool *pool, u64 pba, u64 tag,
 			 struct page *page);
+
 /* What a kept copy tells of a physical block's bytes. */
 enum dd_data_kept {
 	DD_KEPT_NONE,		/* no copy of it kept with the tag: read it */

@@ -663,10 +663,12 @@ static void dd_shared_known(struct dedup_c *dc, struct dd_write_block *blk,
  * in memory says so (a collision of a short hash). Another holder in the
  * same leaf may have its copy kept too, and be equal: PBA + 1 of that
  * one, or 0, and the block's own steps (dd_try_dedup) compare the rest.
- * Either way, nothing is read here for a holder known to differ.
+ * Either way, nothing is read here for a holder known to differ. A
+ * metadata error here counts as no such holder: the block's own steps
+ * search the leaf again and report it.
  */
-static u64 dd_kept_other_holder(struct dedup_c *dc, struct dd_write_block *b,
-				u64 pba)
+static noinline u64 dd_kept_other_holder(struct dedup_c *dc,
+					 struct dd_write_block *b, u64 pba)
 {
 	u64 holder[DD_MD_HOLDERS_MAX];
 	int i, n;
@@ -674,11 +676,12 @@ static u64 dd_kept_other_holder(struct dedup_c *dc, struct dd_write_block *b,
 	lockdep_assert_held_read(&dc->lock);
 	n = dd_md_find_holders(dc->md, dd_index_leaf_of(pba), b->fp, holder,
 			       ARRAY_SIZE(holder));
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
 		if (holder[i] != pba &&
 		    dd_data_stored_compare(&dc->data_pool, holder[i],
 					   dc->reuse_seq, b->data) == DD_KEPT_SAME)
 			return holder[i] + 1;
+	}
 	return 0;
 }
 
@@ -705,8 +708,8 @@ struct dd_verified {
  * NULL when none could be compared: no known block, short of memory, or
  * a commit during the reads let freed blocks be reused (dc->reuse_seq,
  * as in dd_share). A block left without an equal holder goes its own
- * steps (dd_try_dedup), which read its candidates again one at a time
- * and count what differs.
+ * steps (dd_try_dedup), which compare its candidates again one at a time
+ * (a read each, unless a kept copy answers) and count what differs.
  */
 static noinline_for_stack struct dd_verified *
 dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
@@ -757,7 +760,7 @@ dd_verify_write(struct dedup_c *dc, struct dd_write_block *blk,
 			continue;
 		case DD_KEPT_DIFFERENT:
 			v->same[i] = dd_kept_other_holder(dc, &blk[i], at[i]);
-			in_memory |= !!v->same[i];
+			in_memory |= v->same[i];
 			continue;
 		case DD_KEPT_NONE:
 			break;
@@ -1072,7 +1075,7 @@ unsigned int dd_decide_stored_runs(struct dedup_c *dc,
 	 * holds stays as it is at least until a commit lets it be reused
 	 * (reuse_seq moves), which the lock holds off until the page is kept.
 	 * Kept before its waiters wake: one that differs from it is then
-	 * told so without a read.
+	 * told so without a read, unless a block stored later took the slot.
 	 */
 	if (dc->verify) {
 		for (i = 0; i < nr_todo; i++) {

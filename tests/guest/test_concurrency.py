@@ -198,7 +198,7 @@ def test_concurrent_writers_of_new_content_store_it_once(make_dedup, seed, opts)
     at the same moment (a barrier per round): exactly one of them may store
     it, the others must wait for it (or find it) and share it. With verify,
     those that waited are compared with its data in memory
-    (dd_inflight_wake), the others read it back."""
+    (dd_inflight_twins), the others read it back."""
     dd = make_dedup(16, 64, 64, opts=list(opts))
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(WRITERS)

@@ -554,7 +554,7 @@ def test_verify_batch_compares_every_block(make_dedup, seed):
     on the one-block way. A copy in reverse order is read in one piece
     too; blocks 7 3 9 3 8 in two reads (3, then 7 to 9); 16 copies of one
     block in one. Copies of a block that is new wait for its first copy's
-    write and are compared with it in memory (dd_inflight_wake): 16 copies
+    write and are compared with it in memory (dd_inflight_twins): 16 copies
     of a new block read nothing, and an impostor among 4 copies of
     another is told apart and stored without a read either: the block it
     waited for keeps its copy in memory. The blocks stored last keep their
