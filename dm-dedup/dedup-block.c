@@ -16,8 +16,10 @@
 #include "dedup-block.h"
 
 /*
- * A handful of buffers are held at once by the one thread that changes
- * metadata (a path from root to leaf in two arrays).
+ * What dm-bufio keeps back for when memory is short: a writer holds a
+ * path from root to leaf in two arrays, or the leaves of a run of shares
+ * (four per share, dd_share_run). Otherwise dm-bufio allocates, or reuses
+ * a clean buffer nobody holds.
  */
 #define DD_RESERVED_BUFFERS	32
 

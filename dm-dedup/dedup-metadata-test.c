@@ -2168,6 +2168,99 @@ static void dd_md_test_in_place(struct kunit *test)
 }
 
 /*
+ * A batch of shares is made in runs, each under one hold of the lock for
+ * changes in place (DD_SHARE_RUN): a batch longer than a run; a soft miss
+ * inside a run; a share whose old block an earlier share of its run left
+ * with one reference, which is held again and frees that block in place,
+ * ending the call before the rest of the batch. A commit writes every
+ * leaf the runs changed (each marked dirty once per run).
+ */
+static void dd_md_test_share_runs(struct kunit *test)
+{
+	struct block_device *bdev = dd_test_dev_open(test);
+	struct dd_md_config *cfg = dd_test_cfg(test, 1000, 100);
+	struct dd_metadata *md = dd_test_md_open(test, bdev, cfg);
+	u8 fp[3][DD_FP_SIZE], old[DD_FP_SIZE];
+	struct dd_md_dup d[20];
+	struct dd_md_freed f;
+	unsigned int i, done = 0;
+	u64 p0, p1, p2, in_place;
+
+	p0 = dd_test_write(test, md, 0, 1);
+	p1 = dd_test_write(test, md, 1, 2);
+	p2 = dd_test_write(test, md, 2, 3);
+	dd_test_share(test, md, 50, p1);
+	dd_test_share(test, md, 51, p1);
+	dd_test_share(test, md, 1, p2);		/* p1 keeps 50 and 51 */
+	dd_test_fp(fp[0], 1);
+	dd_test_fp(fp[1], 3);
+	dd_test_fp(fp[2], 99);			/* nobody's */
+	dd_test_fp(old, 2);
+
+	/* longer than a run, every share in place */
+	in_place = dd_test_stats(md).in_place_changes;
+	for (i = 0; i < ARRAY_SIZE(d); i++)
+		d[i] = (struct dd_md_dup){ .lba = 100 + i, .fp = fp[0],
+					   .leaf = p0 / DD_FP_PER_LEAF };
+	dd_md_map_duplicates(md, d, ARRAY_SIZE(d), &done, &f);
+	KUNIT_EXPECT_EQ(test, done, ARRAY_SIZE(d));
+	for (i = 0; i < ARRAY_SIZE(d); i++) {
+		KUNIT_EXPECT_EQ(test, d[i].r, 0);
+		KUNIT_EXPECT_EQ(test, d[i].pba, p0);
+	}
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes,
+			in_place + ARRAY_SIZE(d));
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0),
+			1 + ARRAY_SIZE(d));
+
+	/* 50's share leaves p1 with one reference, which 51's drops */
+	d[0] = (struct dd_md_dup){ .lba = 40, .fp = fp[1],
+				   .leaf = p2 / DD_FP_PER_LEAF };
+	d[1] = (struct dd_md_dup){ .lba = 41, .fp = fp[2] };
+	d[2] = (struct dd_md_dup){ .lba = 50, .fp = fp[0],
+				   .leaf = p0 / DD_FP_PER_LEAF };
+	d[3] = d[2];
+	d[3].lba = 51;
+	d[4] = d[0];
+	d[4].lba = 42;
+	in_place = dd_test_stats(md).in_place_changes;
+	dd_md_map_duplicates(md, d, 5, &done, &f);
+	KUNIT_EXPECT_EQ(test, done, 4);
+	KUNIT_EXPECT_EQ(test, d[0].r, 0);
+	KUNIT_EXPECT_EQ(test, d[0].pba, p2);
+	KUNIT_EXPECT_EQ(test, d[1].r, -ENOENT);
+	KUNIT_EXPECT_EQ(test, d[2].r, 0);
+	KUNIT_EXPECT_EQ(test, d[3].r, 1);
+	KUNIT_EXPECT_EQ(test, f.pba, p1);
+	KUNIT_EXPECT_MEMEQ(test, f.fp, old, DD_FP_SIZE);
+	/* all in place; 42's share was not made */
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).in_place_changes,
+			in_place + 3);
+	dd_test_expect_unmapped(test, md, 42);
+	dd_md_map_duplicates(md, d + 4, 1, &done, &f);
+	KUNIT_EXPECT_EQ(test, done, 1);
+	KUNIT_EXPECT_EQ(test, d[4].r, 0);
+	KUNIT_ASSERT_EQ(test, dd_test_commit(test, md), 0);
+	dd_test_md_close(test, md);
+
+	md = dd_test_md_open(test, bdev, cfg);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).journal_replayed, 0);
+	KUNIT_EXPECT_EQ(test, dd_test_stats(md).data_live, 2);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p0),
+			3 + ARRAY_SIZE(d));
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p1), 0);
+	KUNIT_EXPECT_EQ(test, dd_test_refcount(test, md, p2), 4);
+	for (i = 0; i < ARRAY_SIZE(d); i++)
+		dd_test_expect_map(test, md, 100 + i, p0);
+	dd_test_expect_map(test, md, 40, p2);
+	dd_test_expect_unmapped(test, md, 41);
+	dd_test_expect_map(test, md, 42, p2);
+	dd_test_expect_map(test, md, 50, p0);
+	dd_test_expect_map(test, md, 51, p0);
+	dd_test_expect_map(test, md, 1, p2);
+}
+
+/*
  * Verify binds a share to the holder whose bytes it compared (d.only):
  * with two live holders of one fingerprint in a leaf, the second is
  * taken, on the exclusive path (the first change after a commit) and in
@@ -2791,6 +2884,7 @@ static struct kunit_case dd_md_cases[] = {
 	KUNIT_CASE(dd_md_test_saved_refused),
 	KUNIT_CASE(dd_md_test_journal_replay),
 	KUNIT_CASE(dd_md_test_in_place),
+	KUNIT_CASE(dd_md_test_share_runs),
 	KUNIT_CASE(dd_md_test_share_only),
 	KUNIT_CASE(dd_md_test_new_in_place),
 	KUNIT_CASE(dd_md_test_journal_counts_only),

@@ -28,7 +28,7 @@
  * Most changes are made with md->lock held shared: a share, a zero block
  * or a new block whose map, refcount and fingerprint entries lie in
  * leaves the running transaction already wrote changes those entries in
- * place (dd_share_in_place, dd_zero_in_place, dd_new_in_place), and may
+ * place (dd_share_run, dd_zero_in_place, dd_new_in_place), and may
  * free the block it replaces. A change in a batch that must copy a leaf
  * takes md->lock exclusive for itself alone and goes back to shared
  * (downgrade_write), so that the rest of its batch runs beside other
@@ -1940,22 +1940,46 @@ static int dd_change_in_place(struct dd_metadata *md, u64 lba, u64 value,
 }
 
 /*
- * dd_map_duplicate_in_leaf with md->lock held shared, when every entry it
- * changes lies in a leaf the running transaction already wrote: after
- * each checkpoint, the first change to a leaf copies it under the
- * exclusive lock, and the changes after it overlap.
- * -EAGAIN: take the exclusive path, nothing changed.
+ * The result of a share that ends a call of dd_md_map_duplicates: a
+ * free, or a hard error.
  */
-static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
-			     struct dd_md_freed *freed)
+static bool dd_dup_ends_run(int r)
 {
-	struct dd_in_place ip = { .fp = d->fp };
+	return r == 1 || (r < 0 && r != -ENOENT && r != -EOVERFLOW);
+}
+
+/*
+ * Shares made per hold of md->change_lock. A batch of duplicates (a
+ * sequential write of known content) took and dropped that mutex once
+ * per block, and writers queued on it; a run holds its leaves first,
+ * outside it, so that the hold covers only the changes themselves.
+ */
+#define DD_SHARE_RUN	8
+
+/* A share held for a run: its change in place, and its record's leaf. */
+struct dd_share_held {
+	struct dd_in_place ip;
+	struct dd_block fpl;
+};
+
+/*
+ * The first half of dd_map_duplicate_in_leaf with md->lock held shared:
+ * find the holder to share, and hold in @h every entry sharing it
+ * changes, when they all lie in leaves the running transaction already
+ * wrote (after each checkpoint, the first change to a leaf copies it
+ * under the exclusive lock). 0: held, for dd_share_run(). Else nothing
+ * is held and the result is dd_map_duplicate_in_leaf's, or -EAGAIN:
+ * take the exclusive path.
+ */
+static int dd_share_hold(struct dd_metadata *md, struct dd_md_dup *d,
+			 struct dd_share_held *h)
+{
 	u64 holder[DD_MD_HOLDERS_MAX];
 	u32 rc[DD_MD_HOLDERS_MAX];
-	struct dd_block fpl;
 	int n, i, r;
 
 	lockdep_assert_held_read(&md->lock);
+	memset(h, 0, sizeof(*h));
 	if (dd_in_place_refused(md))
 		return -EAGAIN;
 	/*
@@ -1963,7 +1987,7 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
 	 * once no change in place can move it (dd_remap_in_place).
 	 */
 	n = dd_find_holders_held(md, d->leaf, d->fp, holder, rc,
-				 DD_MD_HOLDERS_MAX, &fpl);
+				 DD_MD_HOLDERS_MAX, &h->fpl);
 	if (n <= 0) {
 		r = n ? n : -ENOENT;
 		goto out;
@@ -1973,15 +1997,90 @@ static int dd_share_in_place(struct dd_metadata *md, struct dd_md_dup *d,
 	if (i < 0)
 		goto out;
 	d->pba = holder[i];
-	ip.fe = dd_array_held_entry(&md->fingerprint, &fpl, d->pba);
-	r = dd_hold_in_place(md, d->lba, d->pba + 1, &ip);
+	h->ip.fp = d->fp;
+	h->ip.fe = dd_array_held_entry(&md->fingerprint, &h->fpl, d->pba);
+	r = dd_hold_in_place(md, d->lba, d->pba + 1, &h->ip);
 	if (!r)
-		r = dd_change_in_place(md, d->lba, d->pba + 1, &ip,
-				       &md->duplicate_writes, freed);
+		return 0;
 out:
-	if (fpl.buf)
-		dd_bm_release(&fpl);
+	if (h->fpl.buf)
+		dd_bm_release(&h->fpl);
 	return r;
+}
+
+/*
+ * Let go of a run's @nr holds, of which the first @made were made, each
+ * a change if d[j].r says so. A leaf several of them changed (the map
+ * leaf of neighbouring logical blocks, the refcount leaf of a holder
+ * shared again) is marked dirty once: each mark takes dm-bufio's client
+ * lock, which every writer's marks queue on. Pointers compare safely: a
+ * buffer let go here cannot be freed and reused for one still held.
+ */
+static void dd_share_release(struct dd_share_held *h,
+			     const struct dd_md_dup *d, unsigned int nr,
+			     unsigned int made)
+{
+	const struct dm_buffer *marked[DD_SHARE_RUN * 3];
+	struct dd_block *blk[3];
+	unsigned int j, k, m, n = 0;
+
+	for (j = 0; j < nr; j++) {
+		blk[0] = h[j].ip.oe ? &h[j].ip.old_rc : NULL;
+		blk[1] = h[j].ip.re ? &h[j].ip.rc : NULL;
+		blk[2] = &h[j].ip.map;
+		for (k = 0; k < ARRAY_SIZE(blk); k++) {
+			if (!blk[k])
+				continue;
+			for (m = 0; m < n && marked[m] != blk[k]->buf; m++)
+				;
+			if (j >= made || d[j].r < 0 || m < n) {
+				dd_bm_release(blk[k]);
+				continue;
+			}
+			marked[n++] = blk[k]->buf;
+			dd_bm_release_dirty(blk[k]);
+		}
+		dd_bm_release(&h[j].fpl);
+	}
+}
+
+/*
+ * Make the shares @h holds for @d[0..nr), in order, under one hold of
+ * md->change_lock, and let the leaves go. Returns how many were made,
+ * each with its result in d[j].r, up to and including the first that
+ * ends a call of dd_md_map_duplicates (a free, an error); a share whose
+ * entries moved since they were held (-EAGAIN) is not counted, and takes
+ * the exclusive path.
+ */
+static unsigned int dd_share_run(struct dd_metadata *md, struct dd_md_dup *d,
+				 struct dd_share_held *h, unsigned int nr,
+				 struct dd_md_freed *freed)
+{
+	unsigned int j;
+	int r;
+
+	lockdep_assert_held_read(&md->lock);
+	if (!nr)
+		return 0;
+	mutex_lock(&md->change_lock);
+	for (j = 0; j < nr; j++) {
+		r = dd_remap_in_place(md, d[j].lba, d[j].pba + 1, &h[j].ip,
+				      freed);
+		if (r == -EAGAIN)
+			break;
+		d[j].r = r;
+		if (r >= 0) {
+			md->duplicate_writes++;
+			md->in_place_changes++;
+		}
+		if (dd_dup_ends_run(r)) {
+			j++;
+			break;
+		}
+	}
+	mutex_unlock(&md->change_lock);
+	dd_share_release(h, d, nr, j);
+	return j;
 }
 
 /*
@@ -2107,22 +2206,45 @@ int dd_md_map_duplicate(struct dd_metadata *md, u64 lba, u64 pba,
 	return r;
 }
 
-/* The result of a share that ends a run: a free, or a hard error. */
-static bool dd_dup_ends_run(int r)
-{
-	return r == 1 || (r < 0 && r != -ENOENT && r != -EOVERFLOW);
-}
-
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			  unsigned int nr, unsigned int *done,
 			  struct dd_md_freed *freed)
 {
-	unsigned int i = 0;
+	struct dd_share_held one, *run = &one;
+	unsigned int i = 0, max = min_t(unsigned int, nr, DD_SHARE_RUN);
+	unsigned int m, j;
 	int r;
 
+	/* Without memory for a run, one share at a time. */
+	if (max > 1)
+		run = kmalloc_array(max, sizeof(*run), GFP_NOIO);
+	if (!run) {
+		run = &one;
+		max = 1;
+	}
 	down_read(&md->lock);
 	while (i < nr) {
-		r = dd_share_in_place(md, &d[i], freed);
+		r = 0;
+		for (m = 0; m < max && i + m < nr; m++) {
+			r = dd_share_hold(md, &d[i + m], &run[m]);
+			if (r)
+				break;
+		}
+		j = dd_share_run(md, d + i, run, m, freed);
+		i += j;
+		if (j && dd_dup_ends_run(d[i - 1].r))
+			break;
+		/*
+		 * What d[i] found when it was held, or could not be, may be
+		 * stale once the shares before it are made (an old block
+		 * down to one reference, a count no longer saturated): it
+		 * starts the next run, where it is looked at afresh.
+		 */
+		if (j)
+			continue;
+		/* d[i] came first: its leaves are not fresh, or moved. */
+		if (m)
+			r = -EAGAIN;
 		if (r == -EAGAIN) {
 			dd_lock_for_copy(md);
 			r = dd_map_duplicate_in_leaf(md, &d[i], freed);
@@ -2133,6 +2255,8 @@ void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			break;
 	}
 	up_read(&md->lock);
+	if (run != &one)
+		kfree(run);
 	*done = i;
 }
 

@@ -267,7 +267,8 @@ struct dd_md_dup {
  * one d[i].only names if it is live and holds d[i].fp (-ENOENT: none),
  * up to and including the first entry that frees a block (its *freed) or
  * fails with an error other than a soft miss. *done (>= 1) is the number
- * of entries handled, each with its result in d[i].r.
+ * of entries handled, each with its result in d[i].r. The entries map
+ * distinct logical blocks (one write's).
  */
 void dd_md_map_duplicates(struct dd_metadata *md, struct dd_md_dup *d,
 			  unsigned int nr, unsigned int *done,
