@@ -1852,16 +1852,44 @@ static bool dd_in_place_refused(struct dd_metadata *md)
 	return READ_ONCE(md->read_only) || md->overlaid;
 }
 
+/* Most leaves one change in place holds: map, two refcounts, record. */
+#define DD_IN_PLACE_LEAVES	4
+
+/*
+ * The leaves dd_hold_in_place() holds in @ip, all or part of them, put
+ * in @blk; returns how many.
+ */
+static unsigned int dd_in_place_leaves(struct dd_in_place *ip,
+				       struct dd_block **blk)
+{
+	unsigned int n = 0;
+
+	if (ip->oe)
+		blk[n++] = &ip->old_rc;
+	if (ip->new_block && ip->fe)
+		blk[n++] = &ip->fpl;
+	if (ip->re)
+		blk[n++] = &ip->rc;
+	blk[n++] = &ip->map;
+	return n;
+}
+
 /* Let go of what dd_hold_in_place() holds, all or part of it. */
 static void dd_release_in_place(struct dd_in_place *ip, bool changed)
 {
-	if (ip->oe)
-		dd_release_one(&ip->old_rc, changed);
-	if (ip->new_block && ip->fe)
-		dd_release_one(&ip->fpl, changed);
-	if (ip->re)
-		dd_release_one(&ip->rc, changed);
-	dd_release_one(&ip->map, changed);
+	struct dd_block *blk[DD_IN_PLACE_LEAVES];
+	unsigned int k, n = dd_in_place_leaves(ip, blk);
+
+	for (k = 0; k < n; k++)
+		dd_release_one(blk[k], changed);
+}
+
+/* A change in place made: counted in *@count (its kind) and in all. */
+static void dd_count_in_place(struct dd_metadata *md, u64 *count)
+{
+	lockdep_assert_held(&md->change_lock);
+	(*count)++;
+	md->in_place_changes++;
 }
 
 /*
@@ -1930,10 +1958,8 @@ static int dd_change_in_place(struct dd_metadata *md, u64 lba, u64 value,
 
 	mutex_lock(&md->change_lock);
 	r = dd_remap_in_place(md, lba, value, ip, freed);
-	if (r >= 0) {
-		(*count)++;
-		md->in_place_changes++;
-	}
+	if (r >= 0)
+		dd_count_in_place(md, count);
 	mutex_unlock(&md->change_lock);
 	dd_release_in_place(ip, r >= 0);
 	return r;
@@ -2020,17 +2046,13 @@ static void dd_share_release(struct dd_share_held *h,
 			     const struct dd_md_dup *d, unsigned int nr,
 			     unsigned int made)
 {
-	const struct dm_buffer *marked[DD_SHARE_RUN * 3];
-	struct dd_block *blk[3];
-	unsigned int j, k, m, n = 0;
+	const struct dm_buffer *marked[DD_SHARE_RUN * DD_IN_PLACE_LEAVES];
+	struct dd_block *blk[DD_IN_PLACE_LEAVES];
+	unsigned int j, k, m, nb, n = 0;
 
 	for (j = 0; j < nr; j++) {
-		blk[0] = h[j].ip.oe ? &h[j].ip.old_rc : NULL;
-		blk[1] = h[j].ip.re ? &h[j].ip.rc : NULL;
-		blk[2] = &h[j].ip.map;
-		for (k = 0; k < ARRAY_SIZE(blk); k++) {
-			if (!blk[k])
-				continue;
+		nb = dd_in_place_leaves(&h[j].ip, blk);
+		for (k = 0; k < nb; k++) {
 			for (m = 0; m < n && marked[m] != blk[k]->buf; m++)
 				;
 			if (j >= made || d[j].r < 0 || m < n) {
@@ -2069,10 +2091,8 @@ static unsigned int dd_share_run(struct dd_metadata *md, struct dd_md_dup *d,
 		if (r == -EAGAIN)
 			break;
 		d[j].r = r;
-		if (r >= 0) {
-			md->duplicate_writes++;
-			md->in_place_changes++;
-		}
+		if (r >= 0)
+			dd_count_in_place(md, &md->duplicate_writes);
 		if (dd_dup_ends_run(r)) {
 			j++;
 			break;
@@ -2102,8 +2122,7 @@ static int dd_zero_in_place(struct dd_metadata *md, u64 lba,
 	if (r == -ENODATA) {
 		mutex_lock(&md->change_lock);
 		WRITE_ONCE(md->dirty, true);
-		md->zero_writes++;
-		md->in_place_changes++;
+		dd_count_in_place(md, &md->zero_writes);
 		mutex_unlock(&md->change_lock);
 		return 0;
 	}
