@@ -7,7 +7,7 @@
 #   make test         every test (installs what it needs)
 #   make torture TRIALS=N   the long crash and corruption run (default 4, ~2.5 h)
 #   make demo         the main demo in a guest
-#   make bench        raw, dm-thin, dm-vdo and dm-dedup side by side (~45 min)
+#   make bench        raw, dm-thin, dm-vdo and dm-dedup side by side (45 min to 2 h)
 #   make install      install the module into /lib/modules/$(KVER)
 
 KVER ?= $(shell ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | \
